@@ -1,0 +1,28 @@
+"""DRIFT: run one large language model across a private cluster of your own machines.
+
+The package root stays light (no torch import) so `drift dht` and the CLI start fast;
+the SDK classes load on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+PROTOCOL_VERSION = "1.0"
+
+_SDK_NAMES = {
+    "AutoDistributedModelForCausalLM",
+    "AutoDistributedModelForSequenceClassification",
+    "DistributedLlamaForCausalLM",
+    "RemoteSequential",
+    "InferenceSession",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SDK_NAMES:
+        from drift import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'drift' has no attribute {name!r}")

@@ -1,0 +1,5 @@
+import sys
+
+from drift.cli.main import main
+
+sys.exit(main())

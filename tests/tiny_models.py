@@ -1,0 +1,87 @@
+"""Tiny random-weight models of every supported family, saved as safetensors directories.
+
+Each config is small (hidden 64, 4-6 layers) but keeps what makes its family different:
+sliding windows, per-layer types, MoE, latent attention, ALiBi. `save_tiny(family, dir)`
+writes `config.json` + `model.safetensors` and returns the directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+_COMMON: dict[str, Any] = dict(
+    hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+    vocab_size=256, max_position_embeddings=256, tie_word_embeddings=False,
+)
+
+TINY_CONFIGS: dict[str, dict[str, Any]] = {
+    "llama": dict(model_type="llama", num_hidden_layers=4, **_COMMON),
+    "qwen2": dict(model_type="qwen2", num_hidden_layers=4, **_COMMON),
+    "qwen3": dict(model_type="qwen3", num_hidden_layers=4, head_dim=16, **_COMMON),
+    "mistral": dict(model_type="mistral", num_hidden_layers=4, sliding_window=4, **_COMMON),
+    "gemma2": dict(
+        model_type="gemma2", num_hidden_layers=4, head_dim=16, sliding_window=4,
+        final_logit_softcapping=30.0, attn_logit_softcapping=50.0, **_COMMON,
+    ),
+    "gemma3_text": dict(
+        model_type="gemma3_text", num_hidden_layers=6, head_dim=16, sliding_window=4,
+        sliding_window_pattern=3, **_COMMON,
+    ),
+    "mixtral": dict(
+        model_type="mixtral", num_hidden_layers=4, num_local_experts=4, num_experts_per_tok=2,
+        **_COMMON,
+    ),
+    "qwen3_moe": dict(
+        model_type="qwen3_moe", num_hidden_layers=4, head_dim=16, num_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=2,
+        mlp_only_layers=[0], **_COMMON,
+    ),
+    "deepseek_v3": dict(
+        model_type="deepseek_v3", num_hidden_layers=4, first_k_dense_replace=2,
+        n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=32,
+        n_group=1, topk_group=1, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8,
+        qk_nope_head_dim=8, v_head_dim=16, **_COMMON,
+    ),
+    "falcon": dict(
+        model_type="falcon", num_hidden_layers=4, hidden_size=64, num_attention_heads=4,
+        vocab_size=256, new_decoder_architecture=False, multi_query=True, parallel_attn=True,
+        alibi=False, bias=False,
+    ),
+    "falcon_alibi": dict(
+        model_type="falcon", num_hidden_layers=4, hidden_size=64, num_attention_heads=4,
+        vocab_size=256, new_decoder_architecture=False, multi_query=False, parallel_attn=False,
+        alibi=True, bias=True,
+    ),
+    "bloom": dict(model_type="bloom", n_layer=4, hidden_size=64, n_head=4, vocab_size=256),
+}
+
+FAMILIES = sorted(TINY_CONFIGS)
+
+
+def tiny_config(family: str):
+    params = dict(TINY_CONFIGS[family])
+    model_type = params.pop("model_type")
+    return AutoConfig.for_model(model_type, **params)
+
+
+def build_tiny(family: str, seed: int = 0) -> torch.nn.Module:
+    """A random-weight *ForCausalLM of `family` in float32, eval mode."""
+    torch.manual_seed(seed)
+    config = tiny_config(family)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # Random init leaves some norms at exactly 1 / biases at 0; perturb so every weight matters.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    return model.eval()
+
+
+def save_tiny(family: str, directory: Path, seed: int = 0) -> Path:
+    model = build_tiny(family, seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory, safe_serialization=True)
+    return directory
