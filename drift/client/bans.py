@@ -1,0 +1,41 @@
+"""Bans for failing peers, with exponential backoff; the clock is injected.
+
+A peer that fails is skipped by routing until its ban expires; each further failure
+doubles the ban up to a limit, and a success forgets its history.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+class BanList:
+    def __init__(
+        self, base_s: float, max_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.base_s = base_s
+        self.max_s = max_s
+        self._clock = clock
+        self._failures: dict[str, int] = {}
+        self._until: dict[str, float] = {}
+
+    def ban(self, peer_id: str) -> float:
+        """Record a failure; returns the ban's length in seconds."""
+        n = self._failures.get(peer_id, 0) + 1
+        self._failures[peer_id] = n
+        length = min(self.base_s * 2 ** (n - 1), self.max_s)
+        self._until[peer_id] = self._clock() + length
+        return length
+
+    def success(self, peer_id: str) -> None:
+        self._failures.pop(peer_id, None)
+        self._until.pop(peer_id, None)
+
+    def is_banned(self, peer_id: str) -> bool:
+        until = self._until.get(peer_id)
+        return until is not None and self._clock() < until
+
+    def banned(self) -> set[str]:
+        now = self._clock()
+        return {p for p, until in self._until.items() if now < until}

@@ -1,0 +1,24 @@
+"""The client's settings: one frozen object, built once and passed down.
+
+Every network call the client makes takes its timeout from here; nothing reads the
+environment. Units are in the field names (`_s` seconds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    connect_timeout_s: float = 5.0  # opening a TCP connection / WebSocket handshake
+    request_timeout_s: float = 60.0  # one /forward, /backward or /swarm request end to end
+    step_timeout_s: float = 60.0  # one inference step's reply on a session WebSocket
+    swarm_refresh_s: float = 5.0  # re-read the membership table at most this often
+    max_retries: int = 4  # attempts per request / per step before giving up
+    ban_base_s: float = 2.0  # first ban of a failing peer; doubles per failure
+    ban_max_s: float = 60.0  # longest ban
+    rtt_default_s: float = 0.01  # assumed round trip for a server not measured yet
+    cache_penalty_s: float = 10.0  # added latency for a server short of KV-cache room
+    compress_min_bytes: int = 1 << 20  # zstd-compress frames bigger than this (0 = never)
+    swarm_key: str | None = None  # private swarm secret (Bearer auth); None for open swarms

@@ -1,0 +1,104 @@
+"""Routing on hand-made tables: latency-optimal chains, spreading by throughput, bans."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from drift.client.bans import BanList
+from drift.client.routing import (
+    Hop,
+    LatencyModel,
+    ServerInfo,
+    inference_route,
+    missing_blocks,
+    spread_route,
+)
+from drift.wire.errors import MissingBlocks
+
+
+def srv(pid, start, end, tp=100.0, cache=10_000, rtt=0.01):
+    return ServerInfo(pid, f"http://{pid}", start, end, tp, cache, rtt)
+
+
+def test_single_server_covers_all():
+    route = inference_route([srv("a", 0, 8)], 0, 8)
+    assert route == [Hop("a", "http://a", 0, 8)]
+
+
+def test_prefers_fewer_hops_when_equal():
+    table = [srv("a", 0, 8), srv("b", 0, 4), srv("c", 4, 8)]
+    assert [h.peer_id for h in inference_route(table, 0, 8)] == ["a"]
+
+
+def test_prefers_fast_chain_over_slow_single_server():
+    table = [srv("slow", 0, 8, tp=1.0), srv("b", 0, 4, tp=1000), srv("c", 4, 8, tp=1000)]
+    route = inference_route(table, 0, 8)
+    assert [(h.peer_id, h.start_block, h.end_block) for h in route] == [("b", 0, 4), ("c", 4, 8)]
+
+
+def test_high_rtt_avoided():
+    table = [srv("far", 0, 8, rtt=5.0), srv("near", 0, 8, rtt=0.001)]
+    assert inference_route(table, 0, 8)[0].peer_id == "near"
+
+
+def test_cache_penalty_moves_session_elsewhere():
+    table = [srv("full", 0, 8, tp=1000, cache=10), srv("roomy", 0, 8, tp=100, cache=10_000)]
+    model = LatencyModel(cache_tokens_needed=64)
+    assert inference_route(table, 0, 8, model)[0].peer_id == "roomy"
+    assert inference_route(table, 0, 8)[0].peer_id == "full"
+
+
+def test_overlapping_spans_are_split_at_best_point():
+    table = [srv("a", 0, 6, tp=1000), srv("b", 3, 8, tp=1000)]
+    route = inference_route(table, 0, 8)
+    assert route[0].start_block == 0 and route[-1].end_block == 8
+    assert all(x.end_block == y.start_block for x, y in zip(route, route[1:], strict=False))
+    assert len(route) == 2
+
+
+def test_sub_span():
+    route = inference_route([srv("a", 0, 8)], 3, 5)
+    assert route == [Hop("a", "http://a", 3, 5)]
+
+
+def test_missing_blocks_named():
+    table = [srv("a", 0, 3), srv("b", 5, 8)]
+    assert missing_blocks(table, 0, 8) == [3, 4]
+    with pytest.raises(MissingBlocks, match="3-4") as info:
+        inference_route(table, 0, 8)
+    assert info.value.details["missing"] == [3, 4]
+    with pytest.raises(MissingBlocks):
+        spread_route(table, 0, 8)
+
+
+def test_spread_follows_throughput():
+    table = [srv("a", 0, 4, tp=300), srv("b", 0, 4, tp=100)]
+    rng = random.Random(0)
+    counts = Counter(spread_route(table, 0, 4, rng)[0].peer_id for _ in range(2000))
+    assert 0.70 < counts["a"] / 2000 < 0.80
+
+
+def test_spread_chain_is_contiguous():
+    table = [srv("a", 0, 5), srv("b", 2, 8), srv("c", 5, 8)]
+    for seed in range(20):
+        route = spread_route(table, 0, 8, random.Random(seed))
+        assert route[0].start_block == 0 and route[-1].end_block == 8
+        assert all(x.end_block == y.start_block for x, y in zip(route, route[1:], strict=False))
+
+
+def test_ban_backoff_and_reset():
+    now = [0.0]
+    bans = BanList(base_s=1.0, max_s=5.0, clock=lambda: now[0])
+    assert bans.ban("a") == 1.0
+    assert bans.is_banned("a")
+    now[0] = 1.5
+    assert not bans.is_banned("a")
+    assert bans.ban("a") == 2.0
+    assert bans.ban("a") == 4.0
+    assert bans.ban("a") == 5.0
+    assert bans.banned() == {"a"}
+    bans.success("a")
+    assert not bans.is_banned("a") and bans.ban("a") == 1.0
