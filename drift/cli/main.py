@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from drift import __version__
 
 # One module per subcommand, in the order `drift --help` lists them.
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("down",)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,7 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"drift {__version__}")
     parser.add_argument(
-        "--log_level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        "--log_level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
         help="logging verbosity (default: INFO)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
