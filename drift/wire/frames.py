@@ -1,0 +1,179 @@
+"""Tensor frames: named tensors plus JSON parameters in one safetensors blob.
+
+A frame is safetensors bytes whose `__metadata__` holds `{"drift": "<orjson of params>"}`.
+Bodies may be zstd-compressed. Decoding checks the header against the data before anything
+is allocated and never unpickles. Knows nothing about what the tensors mean (messages.py).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import orjson
+import torch
+import zstandard
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from drift.wire.errors import BadFrame, BadTensor, PayloadTooLarge
+
+MEDIA_TYPE = "application/vnd.drift.tensors"
+METADATA_KEY = "drift"
+MAX_HEADER_BYTES = 1 << 20  # a frame header (JSON) larger than 1 MiB is refused
+
+# safetensors dtype tag -> (torch dtype, bytes per element); only these travel.
+WIRE_DTYPES: dict[str, tuple[torch.dtype, int]] = {
+    "F32": (torch.float32, 4),
+    "F16": (torch.float16, 2),
+    "BF16": (torch.bfloat16, 2),
+    "I64": (torch.int64, 8),
+    "I32": (torch.int32, 4),
+    "U8": (torch.uint8, 1),
+    "BOOL": (torch.bool, 1),
+}
+_TORCH_TO_TAG = {dtype: tag for tag, (dtype, _) in WIRE_DTYPES.items()}
+
+_ZIP_MAGIC = b"PK\x03\x04"  # torch.save archives (a pickle inside)
+
+
+def encode_frame(params: dict[str, Any], tensors: dict[str, torch.Tensor]) -> bytes:
+    """Serialise params (JSON-able) and tensors into one safetensors frame."""
+    for name, tensor in tensors.items():
+        if tensor.dtype not in _TORCH_TO_TAG:
+            raise BadTensor(f"tensor {name!r} has dtype {tensor.dtype}, which cannot travel")
+    plain = {name: t.detach().contiguous().cpu() for name, t in tensors.items()}
+    meta = {METADATA_KEY: orjson.dumps(params).decode()}
+    return st_save(plain, metadata=meta)
+
+
+def decode_frame(body: bytes, *, max_bytes: int | None = None) -> tuple[dict[str, Any], dict]:
+    """Parse a frame into (params, tensors), refusing anything that is not a sound frame."""
+    if max_bytes is not None and len(body) > max_bytes:
+        raise PayloadTooLarge(f"frame of {len(body)} bytes exceeds the limit of {max_bytes}")
+    _reject_foreign(body)
+    header = _read_header(body)
+    params = _read_params(header)
+    _check_entries(header, len(body) - 8 - _header_len(body))
+    try:
+        tensors = st_load(bytes(body))
+    except Exception as exc:  # noqa: BLE001 -- safetensors raises several types
+        raise BadFrame(f"not a valid safetensors frame: {exc}") from exc
+    return params, tensors
+
+
+def _reject_foreign(body: bytes) -> None:
+    if len(body) >= 2 and body[0] == 0x80 and 2 <= body[1] <= 5:
+        raise BadFrame("body is a pickle; DRIFT never unpickles: send a safetensors frame")
+    if body.startswith(_ZIP_MAGIC):
+        raise BadFrame(
+            "body is a torch.save archive (pickle inside); DRIFT never unpickles: "
+            "send a safetensors frame"
+        )
+    if len(body) < 8:
+        raise BadFrame(f"not a safetensors frame: {len(body)} bytes is shorter than its header")
+
+
+def _header_len(body: bytes) -> int:
+    return int(struct.unpack("<Q", body[:8])[0])
+
+
+def _read_header(body: bytes) -> dict[str, Any]:
+    n = _header_len(body)
+    if n > MAX_HEADER_BYTES or n > len(body) - 8:
+        raise BadFrame(
+            f"not a safetensors frame: header length {n} does not fit a body of {len(body)} bytes"
+        )
+    try:
+        header = orjson.loads(body[8 : 8 + n])
+    except orjson.JSONDecodeError as exc:
+        raise BadFrame(f"not a safetensors frame: header is not JSON ({exc})") from exc
+    if not isinstance(header, dict):
+        raise BadFrame("not a safetensors frame: header is not a JSON object")
+    return header
+
+
+def _read_params(header: dict[str, Any]) -> dict[str, Any]:
+    meta = header.get("__metadata__")
+    if not isinstance(meta, dict) or not isinstance(meta.get(METADATA_KEY), str):
+        raise BadFrame(f"frame has no __metadata__[{METADATA_KEY!r}] with the request parameters")
+    try:
+        params = orjson.loads(meta[METADATA_KEY])
+    except orjson.JSONDecodeError as exc:
+        raise BadFrame(f"frame parameters are not JSON: {exc}") from exc
+    if not isinstance(params, dict):
+        raise BadFrame("frame parameters must be a JSON object")
+    return params
+
+
+def _check_entries(header: dict[str, Any], data_len: int) -> None:
+    """Every tensor's dtype is allowed and its shape matches its byte range exactly."""
+    ranges = []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(entry, dict):
+            raise BadFrame(f"frame header entry {name!r} is not an object")
+        tag, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if tag not in WIRE_DTYPES:
+            allowed = ", ".join(WIRE_DTYPES)
+            raise BadTensor(f"tensor {name!r} has unsupported dtype {tag!r} (allowed: {allowed})")
+        if not _int_list(shape) or not _int_list(offsets) or len(offsets) != 2:
+            raise BadFrame(f"tensor {name!r} has a malformed shape or data_offsets")
+        begin, end = offsets
+        count = 1
+        for dim in shape:
+            if dim < 0:
+                raise BadFrame(f"tensor {name!r} has a negative dimension in {shape}")
+            count *= dim
+        if not 0 <= begin <= end <= data_len:
+            raise BadFrame(
+                f"tensor {name!r} data_offsets {offsets} fall outside the {data_len} data bytes"
+            )
+        if count * WIRE_DTYPES[tag][1] != end - begin:
+            raise BadFrame(
+                f"tensor {name!r}: shape {shape} of {tag} needs {count * WIRE_DTYPES[tag][1]} "
+                f"bytes but its data holds {end - begin}"
+            )
+        ranges.append((begin, end))
+    ranges.sort()
+    cursor = 0
+    for begin, end in ranges:
+        if begin != cursor:
+            raise BadFrame("frame tensors overlap or leave gaps in the data")
+        cursor = end
+    if cursor != data_len:
+        raise BadFrame(f"frame data holds {data_len} bytes but its tensors cover {cursor}")
+
+
+def _int_list(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    )
+
+
+def compress(body: bytes, level: int = 3) -> bytes:
+    """zstd-compress a body (for `Content-Encoding: zstd`)."""
+    return zstandard.ZstdCompressor(level=level).compress(body)
+
+
+def decompress(body: bytes, *, max_bytes: int) -> bytes:
+    """Undo `Content-Encoding: zstd`, refusing output past max_bytes (no zip bombs)."""
+    reader = zstandard.ZstdDecompressor().stream_reader(body)
+    try:
+        out = reader.read(max_bytes + 1)
+        while len(out) <= max_bytes:
+            more = reader.read(max_bytes + 1 - len(out))
+            if not more:
+                break
+            out += more
+    except zstandard.ZstdError as exc:
+        raise BadFrame(f"body is not valid zstd: {exc}") from exc
+    if len(out) > max_bytes:
+        raise PayloadTooLarge(f"decompressed body exceeds the limit of {max_bytes} bytes")
+    return out
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """'float32' for torch.float32: the names messages carry."""
+    return str(dtype).removeprefix("torch.")

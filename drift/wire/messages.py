@@ -1,0 +1,359 @@
+"""Typed wire messages: frozen dataclasses, validated once at the edge, then trusted.
+
+Tensor-bearing messages convert with `from_wire(params, tensors, ...)` / `to_wire() ->
+(params, tensors)` (a frame: see frames.py); JSON-only ones with `from_wire(obj)` /
+`to_wire() -> dict`. /forward and /backward also have plain-JSON forms (nested lists).
+Knows nothing about sockets or models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from drift import PROTOCOL_VERSION
+from drift.wire import checks as c
+from drift.wire.errors import BadRequest
+from drift.wire.frames import decode_frame, encode_frame
+
+Tensors = dict[str, torch.Tensor]
+
+
+def _head(kind: str, **fields: Any) -> dict[str, Any]:
+    return {"type": kind, "version": PROTOCOL_VERSION, **fields}
+
+
+def _tensors(**named: torch.Tensor | None) -> Tensors:
+    return {name: t for name, t in named.items() if t is not None}
+
+
+def _nested(t: torch.Tensor | None) -> Any:
+    return None if t is None else t.detach().float().cpu().tolist()
+
+
+@dataclass(frozen=True)
+class ForwardRequest:
+    """Stateless hidden states through [start_block, end_block) of `model`."""
+
+    model: str  # the model fingerprint
+    start_block: int
+    end_block: int
+    hidden_states: torch.Tensor  # [B, T, H]
+    attention_mask: torch.Tensor | None = None  # [B, T] 1 = token, 0 = left padding
+    prompts: torch.Tensor | None = None  # [n_blocks, B, P, H] deep prompts
+
+    TENSORS = ("hidden_states", "attention_mask", "prompts")
+
+    @classmethod
+    def from_wire(
+        cls, params: dict[str, Any], tensors: Tensors, *, hidden_size: int | None = None
+    ) -> ForwardRequest:
+        c.check_version(params)
+        c.no_extra_tensors(tensors, cls.TENSORS)
+        start, end = c.get_span(params)
+        hidden = c.activation(tensors, "hidden_states", rank=3, hidden_size=hidden_size)
+        prompts = c.optional_activation(tensors, "prompts", rank=4, hidden_size=hidden_size)
+        c.check_prompts(prompts, end - start, hidden.shape[0])
+        return cls(
+            model=c.get_str(params, "model"),
+            start_block=start,
+            end_block=end,
+            hidden_states=hidden,
+            attention_mask=c.mask(tensors, "attention_mask", tuple(hidden.shape[:2])),
+            prompts=prompts,
+        )
+
+    def to_wire(self) -> tuple[dict[str, Any], Tensors]:
+        params = _head("forward", model=self.model, start_block=self.start_block,
+                       end_block=self.end_block)  # fmt: skip
+        return params, _tensors(
+            hidden_states=self.hidden_states,
+            attention_mask=self.attention_mask,
+            prompts=self.prompts,
+        )
+
+    @classmethod
+    def from_json(
+        cls, obj: Any, *, default_model: str, hidden_size: int | None = None
+    ) -> ForwardRequest:
+        params, tensors = _json_parts(obj, default_model, cls.TENSORS, "hidden_states")
+        return cls.from_wire(params, tensors, hidden_size=hidden_size)
+
+
+@dataclass(frozen=True)
+class BackwardRequest:
+    """Gradients w.r.t. the inputs (and deep prompts) of a span; the forward is recomputed."""
+
+    model: str
+    start_block: int
+    end_block: int
+    hidden_states: torch.Tensor  # [B, T, H]
+    grad_outputs: torch.Tensor  # [B, T, H] gradient w.r.t. the span's output
+    attention_mask: torch.Tensor | None = None  # [B, T]
+    prompts: torch.Tensor | None = None  # [n_blocks, B, P, H]
+
+    TENSORS = ("hidden_states", "grad_outputs", "attention_mask", "prompts")
+
+    @classmethod
+    def from_wire(
+        cls, params: dict[str, Any], tensors: Tensors, *, hidden_size: int | None = None
+    ) -> BackwardRequest:
+        fwd = ForwardRequest.from_wire(
+            params, {k: v for k, v in tensors.items() if k != "grad_outputs"},
+            hidden_size=hidden_size,
+        )  # fmt: skip
+        c.no_extra_tensors(tensors, cls.TENSORS)
+        grad = c.activation(tensors, "grad_outputs", rank=3, hidden_size=hidden_size)
+        c.same_shape("grad_outputs", grad, "hidden_states", fwd.hidden_states)
+        return cls(
+            model=fwd.model,
+            start_block=fwd.start_block,
+            end_block=fwd.end_block,
+            hidden_states=fwd.hidden_states,
+            grad_outputs=grad,
+            attention_mask=fwd.attention_mask,
+            prompts=fwd.prompts,
+        )
+
+    def to_wire(self) -> tuple[dict[str, Any], Tensors]:
+        params = _head("backward", model=self.model, start_block=self.start_block,
+                       end_block=self.end_block)  # fmt: skip
+        return params, _tensors(
+            hidden_states=self.hidden_states,
+            grad_outputs=self.grad_outputs,
+            attention_mask=self.attention_mask,
+            prompts=self.prompts,
+        )
+
+    @classmethod
+    def from_json(
+        cls, obj: Any, *, default_model: str, hidden_size: int | None = None
+    ) -> BackwardRequest:
+        params, tensors = _json_parts(obj, default_model, cls.TENSORS, "hidden_states")
+        if "grad_outputs" not in tensors:
+            raise BadRequest("missing field 'grad_outputs'")
+        return cls.from_wire(params, tensors, hidden_size=hidden_size)
+
+
+@dataclass(frozen=True)
+class ForwardResponse:
+    hidden_states: torch.Tensor  # [B, T, H]
+
+    @classmethod
+    def from_wire(cls, params: dict[str, Any], tensors: Tensors) -> ForwardResponse:
+        c.check_version(params)
+        c.no_extra_tensors(tensors, ("hidden_states",))
+        return cls(c.activation(tensors, "hidden_states", rank=3, hidden_size=None))
+
+    def to_wire(self) -> tuple[dict[str, Any], Tensors]:
+        return _head("forward_result"), {"hidden_states": self.hidden_states}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"hidden_states": _nested(self.hidden_states)}
+
+
+@dataclass(frozen=True)
+class BackwardResponse:
+    grad_inputs: torch.Tensor  # [B, T, H]
+    grad_prompts: torch.Tensor | None = None  # [n_blocks, B, P, H]
+
+    @classmethod
+    def from_wire(cls, params: dict[str, Any], tensors: Tensors) -> BackwardResponse:
+        c.check_version(params)
+        c.no_extra_tensors(tensors, ("grad_inputs", "grad_prompts"))
+        grad = c.activation(tensors, "grad_inputs", rank=3, hidden_size=None)
+        prompts = c.optional_activation(tensors, "grad_prompts", rank=4, hidden_size=None)
+        return cls(grad, prompts)
+
+    def to_wire(self) -> tuple[dict[str, Any], Tensors]:
+        return _head("backward_result"), _tensors(
+            grad_inputs=self.grad_inputs, grad_prompts=self.grad_prompts
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"grad_inputs": _nested(self.grad_inputs),
+                "grad_prompts": _nested(self.grad_prompts)}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class OpenSession:
+    """First message of an inference WebSocket: reserve a KV cache for a (sub-)span."""
+
+    model: str
+    start_block: int
+    end_block: int
+    max_length: int  # tokens, prompt included
+    batch_size: int
+    dtype: str  # activation dtype: float32 | float16 | bfloat16
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> OpenSession:
+        obj = _typed_object(obj, "open")
+        start, end = c.get_span(obj)
+        dtype = c.get_str(obj, "dtype")
+        if dtype not in c.ACTIVATION_DTYPES:
+            raise BadRequest(f"dtype {dtype!r} is not one of {list(c.ACTIVATION_DTYPES)}")
+        return cls(
+            model=c.get_str(obj, "model"),
+            start_block=start,
+            end_block=end,
+            max_length=c.get_int(obj, "max_length", low=1),
+            batch_size=c.get_int(obj, "batch_size", low=1),
+            dtype=dtype,
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        return _head("open", model=self.model, start_block=self.start_block,
+                     end_block=self.end_block, max_length=self.max_length,
+                     batch_size=self.batch_size, dtype=self.dtype)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SessionOpened:
+    session_id: str
+    max_length: int
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> SessionOpened:
+        obj = _typed_object(obj, "session_opened")
+        return cls(c.get_str(obj, "session_id"), c.get_int(obj, "max_length", low=1))
+
+    def to_wire(self) -> dict[str, Any]:
+        return _head("session_opened", session_id=self.session_id, max_length=self.max_length)
+
+
+@dataclass(frozen=True)
+class CloseSession:
+    """Optional polite close; closing the socket does the same."""
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> CloseSession:
+        _typed_object(obj, "close")
+        return cls()
+
+    def to_wire(self) -> dict[str, Any]:
+        return _head("close")
+
+
+@dataclass(frozen=True)
+class StepRequest:
+    """One inference step: new tokens' hidden states at `position` (< cache length rolls back)."""
+
+    step_id: int
+    position: int  # where these tokens start in the sequence
+    hidden_states: torch.Tensor  # [B, T, H]
+    hypo_ids: torch.Tensor | None = None  # [B] int64: reorder cache rows first (beam search)
+    attention_mask: torch.Tensor | None = None  # [B, T] of the new tokens
+    prompts: torch.Tensor | None = None  # [n_blocks, B, P, H]
+
+    TENSORS = ("hidden_states", "hypo_ids", "attention_mask", "prompts")
+
+    @classmethod
+    def from_wire(
+        cls, params: dict[str, Any], tensors: Tensors, *, hidden_size: int | None = None
+    ) -> StepRequest:
+        c.check_version(params)
+        if params.get("type") != "step":
+            raise BadRequest(f"expected a 'step' frame, got type {params.get('type')!r}")
+        c.no_extra_tensors(tensors, cls.TENSORS)
+        hidden = c.activation(tensors, "hidden_states", rank=3, hidden_size=hidden_size)
+        prompts = c.optional_activation(tensors, "prompts", rank=4, hidden_size=hidden_size)
+        c.check_prompts(prompts, None, hidden.shape[0])
+        return cls(
+            step_id=c.get_int(params, "step_id"),
+            position=c.get_int(params, "position"),
+            hidden_states=hidden,
+            hypo_ids=c.indices(tensors, "hypo_ids", hidden.shape[0]),
+            attention_mask=c.mask(tensors, "attention_mask", tuple(hidden.shape[:2])),
+            prompts=prompts,
+        )
+
+    def to_wire(self) -> tuple[dict[str, Any], Tensors]:
+        params = _head("step", step_id=self.step_id, position=self.position)
+        return params, _tensors(
+            hidden_states=self.hidden_states,
+            hypo_ids=self.hypo_ids,
+            attention_mask=self.attention_mask,
+            prompts=self.prompts,
+        )
+
+
+@dataclass(frozen=True)
+class StepResponse:
+    step_id: int
+    hidden_states: torch.Tensor  # [B, T, H]
+
+    @classmethod
+    def from_wire(cls, params: dict[str, Any], tensors: Tensors) -> StepResponse:
+        c.check_version(params)
+        c.no_extra_tensors(tensors, ("hidden_states",))
+        hidden = c.activation(tensors, "hidden_states", rank=3, hidden_size=None)
+        return cls(c.get_int(params, "step_id"), hidden)
+
+    def to_wire(self) -> tuple[dict[str, Any], Tensors]:
+        return _head("step_result", step_id=self.step_id), {"hidden_states": self.hidden_states}
+
+
+@dataclass(frozen=True)
+class ErrorMessage:
+    """An error on a WebSocket (HTTP routes answer `{"error": {...}}` instead)."""
+
+    code: str
+    message: str
+    step_id: int | None = None  # the step that failed, when one did
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> ErrorMessage:
+        obj = _typed_object(obj, "error", check_version=False)
+        step_id = obj.get("step_id")
+        if step_id is not None:
+            step_id = c.get_int(obj, "step_id")
+        message = obj.get("message")
+        return cls(c.get_str(obj, "code"), message if isinstance(message, str) else "", step_id)
+
+    def to_wire(self) -> dict[str, Any]:
+        out = _head("error", code=self.code, message=self.message)
+        if self.step_id is not None:
+            out["step_id"] = self.step_id
+        return out
+
+
+def encode(message: Any) -> bytes:
+    """A tensor-bearing message as frame bytes."""
+    params, tensors = message.to_wire()
+    return encode_frame(params, tensors)
+
+
+def decode(cls: Any, body: bytes, **expect: Any) -> Any:
+    """Frame bytes -> a validated message of `cls` (expect: e.g. hidden_size=...)."""
+    params, tensors = decode_frame(body)
+    return cls.from_wire(params, tensors, **expect)
+
+
+def _typed_object(obj: Any, kind: str, *, check_version: bool = True) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise BadRequest(f"expected a JSON object of type {kind!r}")
+    if obj.get("type") != kind:
+        raise BadRequest(f"expected a message of type {kind!r}, got {obj.get('type')!r}")
+    if check_version:
+        c.check_version(obj)
+    return obj
+
+
+def _json_parts(
+    obj: Any, default_model: str, names: tuple[str, ...], required: str
+) -> tuple[dict[str, Any], Tensors]:
+    """Split a plain-JSON request into (params, tensors); model and version are optional."""
+    if not isinstance(obj, dict):
+        raise BadRequest("the JSON body must be an object")
+    params = {k: v for k, v in obj.items() if k not in names}
+    params.setdefault("model", default_model)
+    params.setdefault("version", PROTOCOL_VERSION)
+    tensors: Tensors = {}
+    for name in names:
+        t = c.from_nested(obj, name, required=name == required)
+        if t is not None:
+            tensors[name] = t
+    return params, tensors
