@@ -1,0 +1,213 @@
+"""The signed membership record: one peer's own description of itself.
+
+Canonical encoding is orjson with sorted keys over every field but `signature`; the
+signature is Ed25519 by the key behind `peer_id`, so only the peer itself can sign its
+record. Parsing validates every field once (no coercion, so re-encoding is byte-exact).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from drift.identity import Identity, verify_signature
+from drift.wire.errors import BadRequest
+
+STATES = ("joining", "online", "offline")
+ROLES = ("server", "dht")
+
+_NUM = (int, float)
+# field -> (allowed python types, nullable)
+_SCHEMA: dict[str, tuple[tuple[type, ...], bool]] = {
+    "peer_id": ((str,), False),
+    "addrs": ((list,), False),
+    "role": ((str,), False),
+    "model": ((str,), True),
+    "model_fingerprint": ((str,), True),
+    "num_blocks": ((int,), True),
+    "start_block": ((int,), True),
+    "end_block": ((int,), True),
+    "state": ((str,), False),
+    "dtype": ((str,), True),
+    "quant": ((str,), True),
+    "throughput": (_NUM, False),
+    "cache_tokens_left": ((int,), False),
+    "cache_tokens_total": ((int,), False),
+    "active_sessions": ((int,), False),
+    "version": ((str,), False),
+    "seq": ((int,), False),
+    "expires_at": (_NUM, False),
+}
+
+
+@dataclass(frozen=True)
+class PeerRecord:
+    """One peer's signed record; build it with `sign_record`, read it with `from_wire`."""
+
+    peer_id: str
+    addrs: tuple[str, ...]
+    role: str
+    model: str | None
+    model_fingerprint: str | None
+    num_blocks: int | None
+    start_block: int | None
+    end_block: int | None
+    state: str
+    dtype: str | None
+    quant: str | None
+    throughput: float
+    cache_tokens_left: int
+    cache_tokens_total: int
+    active_sessions: int
+    version: str
+    seq: int
+    expires_at: float
+    signature: str = ""
+    # unknown fields from newer peers, kept so the signature still verifies when forwarded
+    extra: tuple[tuple[str, Any], ...] = field(default=())
+
+    def fields(self) -> dict[str, Any]:
+        """Every signed field (not the signature) as JSON-ready values."""
+        out = {name: getattr(self, name) for name in _SCHEMA}
+        out["addrs"] = list(self.addrs)
+        out.update(self.extra)
+        return out
+
+    def canonical(self) -> bytes:
+        return canonical_bytes(self.fields())
+
+    def to_wire(self) -> dict[str, Any]:
+        out = self.fields()
+        out["signature"] = self.signature
+        return out
+
+    def verify(self) -> bool:
+        try:
+            sig = base64.b64decode(self.signature, validate=True)
+        except (binascii.Error, ValueError):
+            return False
+        return verify_signature(self.peer_id, self.canonical(), sig)
+
+    def serves(self, block: int) -> bool:
+        return (
+            self.state == "online"
+            and self.start_block is not None
+            and self.end_block is not None
+            and self.start_block <= block < self.end_block
+        )
+
+    @property
+    def span(self) -> tuple[int, int] | None:
+        if self.start_block is None or self.end_block is None:
+            return None
+        return self.start_block, self.end_block
+
+    @classmethod
+    def from_wire(cls, data: Any) -> PeerRecord:
+        """Validate a record from the wire (signature not checked here: see `verify`)."""
+        if not isinstance(data, dict):
+            raise BadRequest(
+                f"a membership record must be a JSON object, got {type(data).__name__}"
+            )
+        values: dict[str, Any] = {}
+        for name, (types, nullable) in _SCHEMA.items():
+            if name not in data:
+                raise BadRequest(f"membership record lacks field {name!r}")
+            value = data[name]
+            ok = (value is None and nullable) or (
+                isinstance(value, types) and not isinstance(value, bool)
+            )
+            if not ok:
+                raise BadRequest(f"membership record field {name!r} has a bad value {value!r}")
+            values[name] = value
+        if not all(isinstance(a, str) for a in values["addrs"]):
+            raise BadRequest("membership record field 'addrs' must be a list of strings")
+        values["addrs"] = tuple(values["addrs"])
+        signature = data.get("signature")
+        if not isinstance(signature, str):
+            raise BadRequest("membership record lacks a string 'signature'")
+        extra = tuple(
+            sorted((k, v) for k, v in data.items() if k not in _SCHEMA and k != "signature")
+        )
+        record = cls(**values, signature=signature, extra=extra)
+        _check_consistent(record)
+        return record
+
+
+def _check_consistent(record: PeerRecord) -> None:
+    if record.state not in STATES:
+        raise BadRequest(f"record state {record.state!r} is not one of {STATES}")
+    if record.role not in ROLES:
+        raise BadRequest(f"record role {record.role!r} is not one of {ROLES}")
+    span = record.span
+    if (record.start_block is None) != (record.end_block is None):
+        raise BadRequest("record start_block and end_block must both be set or both null")
+    if span is not None and not 0 <= span[0] < span[1]:
+        raise BadRequest(f"record span [{span[0]}, {span[1]}) is empty or negative")
+    if span is not None and record.num_blocks is not None and span[1] > record.num_blocks:
+        raise BadRequest(f"record span ends at {span[1]} past num_blocks={record.num_blocks}")
+    if record.throughput < 0 or record.cache_tokens_left < 0 or record.seq < 0:
+        raise BadRequest("record throughput, cache_tokens_left and seq must be >= 0")
+
+
+def canonical_bytes(fields: dict[str, Any]) -> bytes:
+    """The bytes a record's signature covers: orjson, sorted keys, no signature."""
+    return orjson.dumps(
+        {k: v for k, v in fields.items() if k != "signature"}, option=orjson.OPT_SORT_KEYS
+    )
+
+
+def default_fields(
+    peer_id: str, addrs: list[str] | tuple[str, ...], version: str
+) -> dict[str, Any]:
+    """A `dht` node's record fields before seq and expiry are set."""
+    return {
+        "peer_id": peer_id,
+        "addrs": list(addrs),
+        "role": "dht",
+        "model": None,
+        "model_fingerprint": None,
+        "num_blocks": None,
+        "start_block": None,
+        "end_block": None,
+        "state": "online",
+        "dtype": None,
+        "quant": None,
+        "throughput": 0.0,
+        "cache_tokens_left": 0,
+        "cache_tokens_total": 0,
+        "active_sessions": 0,
+        "version": version,
+        "seq": 0,
+        "expires_at": 0.0,
+    }
+
+
+def sign_record(identity: Identity, fields: dict[str, Any]) -> PeerRecord:
+    """Validate `fields` (peer_id must be the identity's) and sign them."""
+    if fields.get("peer_id") != identity.peer_id:
+        raise BadRequest("a record may only be signed by the peer it describes")
+    unknown = set(fields) - set(_SCHEMA)
+    if unknown:
+        raise BadRequest(f"unknown record fields {sorted(unknown)}; known: {sorted(_SCHEMA)}")
+    unsigned = PeerRecord.from_wire({**fields, "signature": ""})
+    sig = identity.sign(unsigned.canonical())
+    return dataclasses.replace(unsigned, signature=base64.b64encode(sig).decode("ascii"))
+
+
+def record_fields() -> tuple[str, ...]:
+    return tuple(_SCHEMA)
+
+
+__all__ = [
+    "PeerRecord",
+    "canonical_bytes",
+    "default_fields",
+    "record_fields",
+    "sign_record",
+]
