@@ -1,0 +1,140 @@
+"""The client's picture of the swarm: verified records read from any reachable peer.
+
+It starts from the initial peers (join tokens or multiaddrs), reads GET /swarm from the
+first that answers (and really holds the peer id its token names), keeps every verified
+record, refreshes at most every `swarm_refresh_s`, and later reads from any live record's
+address, so losing the first peer costs nothing. It measures round trips for routing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+import orjson
+
+from drift.client.bans import BanList
+from drift.client.config import ClientConfig
+from drift.client.records import merge_records, server_infos
+from drift.client.routing import ServerInfo
+from drift.identity.tokens import JoinToken
+from drift.wire.errors import PeerUnavailable
+
+
+def auth_headers(swarm_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {swarm_key}"} if swarm_key else {}
+
+
+class SwarmView:
+    def __init__(
+        self,
+        initial_peers: tuple[JoinToken, ...],
+        config: ClientConfig,
+        http: aiohttp.ClientSession,
+        bans: BanList,
+    ) -> None:
+        if not initial_peers:
+            raise ValueError("initial_peers is empty: give at least one join token or multiaddr")
+        self.initial_peers = initial_peers
+        self.config = config
+        self.http = http
+        self.bans = bans
+        self.records: dict[str, dict[str, Any]] = {}
+        self.rtt_s: dict[str, float] = {}
+        self.rejected = 0
+        self._last_refresh = 0.0
+        self._lock = asyncio.Lock()
+
+    def swarm_key_for(self, token: JoinToken | None = None) -> str | None:
+        if self.config.swarm_key:
+            return self.config.swarm_key
+        keys = [t.swarm_key for t in self.initial_peers if t.swarm_key]
+        return keys[0] if keys else None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return auth_headers(self.swarm_key_for())
+
+    def _timeout(self) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(
+            total=self.config.request_timeout_s, connect=self.config.connect_timeout_s
+        )
+
+    def _sources(self) -> list[tuple[str, str | None]]:
+        """(url, expected peer id) to read the table from: live records first, then seeds."""
+        out: list[tuple[str, str | None]] = []
+        for r in self.records.values():
+            if (
+                r.get("state") == "online"
+                and r.get("addrs")
+                and not self.bans.is_banned(r["peer_id"])
+            ):
+                out.append((str(r["addrs"][0]).rstrip("/"), r["peer_id"]))
+        out += [(t.url, t.peer_id) for t in self.initial_peers]
+        return out
+
+    async def refresh(self, *, force: bool = False) -> None:
+        async with self._lock:
+            if not force and time.monotonic() - self._last_refresh < self.config.swarm_refresh_s:
+                return
+            errors = []
+            for url, peer_id in self._sources():
+                try:
+                    await self._read_from(url, peer_id)
+                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+                    errors.append(f"{url}: {exc!r}")
+                    continue
+                self._last_refresh = time.monotonic()
+                return
+            raise PeerUnavailable(
+                "could not read the swarm table from any peer: " + "; ".join(errors[:5])
+            )
+
+    async def _read_from(self, url: str, peer_id: str | None) -> None:
+        started = time.monotonic()
+        async with self.http.get(
+            f"{url}/swarm", headers=self.headers, timeout=self._timeout()
+        ) as resp:
+            if resp.status != 200:
+                raise ValueError(f"GET /swarm answered HTTP {resp.status}")
+            body = orjson.loads(await resp.read())
+        if peer_id is not None and body.get("peer_id") != peer_id:
+            raise ValueError(f"peer at {url} is {body.get('peer_id')!r}, not {peer_id!r}")
+        if peer_id is not None:
+            self.note_rtt(peer_id, time.monotonic() - started)
+        records = body.get("records")
+        if not isinstance(records, list):
+            raise ValueError("GET /swarm reply has no records list")
+        self.rejected += merge_records(self.records, records)
+
+    def note_rtt(self, peer_id: str, seconds: float) -> None:
+        old = self.rtt_s.get(peer_id)
+        self.rtt_s[peer_id] = seconds if old is None else 0.7 * old + 0.3 * seconds
+
+    def servers(self, model_fingerprint: str) -> list[ServerInfo]:
+        """Live, verified, not banned servers of this model, with measured round trips."""
+        banned = self.bans.banned()
+        out = []
+        for s in server_infos(self.records, model_fingerprint):
+            if s.peer_id in banned:
+                continue
+            out.append(
+                ServerInfo(
+                    s.peer_id,
+                    s.addr,
+                    s.start_block,
+                    s.end_block,
+                    s.throughput,
+                    s.cache_tokens_left,
+                    self.rtt_s.get(s.peer_id),
+                )
+            )
+        return out
+
+    def num_blocks(self, model_fingerprint: str) -> int | None:
+        for r in self.records.values():
+            if r.get("model_fingerprint") == model_fingerprint and r.get("num_blocks"):
+                return int(r["num_blocks"])
+        return None

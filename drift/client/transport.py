@@ -1,0 +1,185 @@
+"""Talking to one server: POST /forward, POST /backward and one inference WebSocket.
+
+Requests and replies are the typed messages of drift.wire, sent as tensor frames; every
+call has a timeout from ClientConfig; server errors come back as the DriftError they name,
+and a peer that cannot be reached raises PeerUnavailable. No routing, no retries here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import orjson
+import torch
+import zstandard
+
+from drift.client.config import ClientConfig
+from drift.client.routing import Hop
+from drift.wire import messages as m
+from drift.wire.errors import DriftError, PeerUnavailable, from_payload
+from drift.wire.frames import MEDIA_TYPE
+
+_RETRYABLE_CODES = {"peer_unavailable", "busy", "cache_full", "internal", "unknown_session"}
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Errors another server (or a later try) may not have: network faults and 5xx-ish codes."""
+    if isinstance(exc, DriftError):
+        return exc.code in _RETRYABLE_CODES or exc.status >= 500
+    return isinstance(exc, aiohttp.ClientError | asyncio.TimeoutError | ConnectionError)
+
+
+def _timeout(config: ClientConfig) -> aiohttp.ClientTimeout:
+    return aiohttp.ClientTimeout(total=config.request_timeout_s, connect=config.connect_timeout_s)
+
+
+async def _raise_for_reply(resp: aiohttp.ClientResponse, hop: Hop) -> None:
+    if resp.status == 200:
+        return
+    body = await resp.read()
+    try:
+        payload: Any = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        payload = None
+    err = from_payload(payload, resp.status)
+    err.details.setdefault("peer_id", hop.peer_id)
+    raise err
+
+
+def _body(message: Any, config: ClientConfig) -> tuple[bytes, dict[str, str]]:
+    data = m.encode(message)
+    headers = {"Content-Type": MEDIA_TYPE}
+    if config.compress_min_bytes and len(data) >= config.compress_min_bytes:
+        data = zstandard.ZstdCompressor(level=1).compress(data)
+        headers["Content-Encoding"] = "zstd"
+    return data, headers
+
+
+async def post_frame(
+    http: aiohttp.ClientSession,
+    hop: Hop,
+    route: str,
+    message: Any,
+    reply_cls: Any,
+    config: ClientConfig,
+    headers: dict[str, str],
+) -> Any:
+    data, extra = _body(message, config)
+    try:
+        async with http.post(
+            f"{hop.addr}/{route}", data=data, headers={**headers, **extra}, timeout=_timeout(config)
+        ) as resp:
+            await _raise_for_reply(resp, hop)
+            body = await resp.read()
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        raise PeerUnavailable(f"{hop.peer_id} at {hop.addr}: {exc!r}", peer_id=hop.peer_id) from exc
+    return m.decode(reply_cls, body)
+
+
+async def forward(
+    http: aiohttp.ClientSession, hop: Hop, model: str, hidden: torch.Tensor,
+    config: ClientConfig, headers: dict[str, str], *,
+    attention_mask: torch.Tensor | None = None, prompts: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
+    req = m.ForwardRequest(model, hop.start_block, hop.end_block, hidden, attention_mask, prompts)
+    reply = await post_frame(http, hop, "forward", req, m.ForwardResponse, config, headers)
+    return reply.hidden_states
+
+
+async def backward(
+    http: aiohttp.ClientSession, hop: Hop, model: str, hidden: torch.Tensor,
+    grad_outputs: torch.Tensor, config: ClientConfig, headers: dict[str, str], *,
+    attention_mask: torch.Tensor | None = None, prompts: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    req = m.BackwardRequest(
+        model, hop.start_block, hop.end_block, hidden, grad_outputs, attention_mask, prompts
+    )
+    reply = await post_frame(http, hop, "backward", req, m.BackwardResponse, config, headers)
+    return reply.grad_inputs, reply.grad_prompts
+
+
+class SpanSocket:
+    """One inference WebSocket to one server for blocks [hop.start_block, hop.end_block)."""
+
+    def __init__(self, hop: Hop, ws: aiohttp.ClientWebSocketResponse, config: ClientConfig):
+        self.hop = hop
+        self.ws = ws
+        self.config = config
+        self._step_id = 0
+
+    @classmethod
+    async def open(
+        cls, http: aiohttp.ClientSession, hop: Hop, request: m.OpenSession,
+        config: ClientConfig, headers: dict[str, str],
+    ) -> SpanSocket:  # fmt: skip
+        url = f"{hop.addr}/inference"
+        try:
+            ws = await http.ws_connect(
+                url, headers=headers, max_msg_size=0,
+                timeout=aiohttp.ClientWSTimeout(ws_receive=config.step_timeout_s,
+                                                ws_close=config.connect_timeout_s),
+            )  # fmt: skip
+        except aiohttp.WSServerHandshakeError as exc:
+            raise from_payload(None, exc.status) from exc
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise PeerUnavailable(f"{hop.peer_id} at {url}: {exc!r}", peer_id=hop.peer_id) from exc
+        sock = cls(hop, ws, config)
+        try:
+            await ws.send_str(orjson.dumps(request.to_wire()).decode())
+            msg = await sock._receive()
+            if msg.type != aiohttp.WSMsgType.TEXT:
+                raise PeerUnavailable(f"{hop.peer_id}: expected session_opened, got {msg.type}")
+            obj = orjson.loads(msg.data)
+            sock._raise_if_error(obj)
+            m.SessionOpened.from_wire(obj)
+        except BaseException:
+            await sock.close()
+            raise
+        return sock
+
+    async def _receive(self) -> aiohttp.WSMessage:
+        try:
+            msg = await asyncio.wait_for(self.ws.receive(), self.config.step_timeout_s)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise PeerUnavailable(f"{self.hop.peer_id}: {exc!r}", peer_id=self.hop.peer_id) from exc
+        if msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED,
+                        aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.ERROR):  # fmt: skip
+            raise PeerUnavailable(
+                f"{self.hop.peer_id} closed the inference socket", peer_id=self.hop.peer_id
+            )
+        return msg
+
+    def _raise_if_error(self, obj: Any) -> None:
+        if isinstance(obj, dict) and obj.get("type") == "error":
+            err = m.ErrorMessage.from_wire(obj)
+            raise from_payload({"error": {"code": err.code, "message": err.message}}, 500)
+
+    async def step(
+        self, hidden: torch.Tensor, position: int, *,
+        hypo_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+        prompts: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        self._step_id += 1
+        req = m.StepRequest(self._step_id, position, hidden, hypo_ids, attention_mask, prompts)
+        try:
+            await self.ws.send_bytes(m.encode(req))
+        except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
+            raise PeerUnavailable(f"{self.hop.peer_id}: {exc!r}", peer_id=self.hop.peer_id) from exc
+        msg = await self._receive()
+        if msg.type == aiohttp.WSMsgType.TEXT:
+            self._raise_if_error(orjson.loads(msg.data))
+            raise PeerUnavailable(f"{self.hop.peer_id}: unexpected text reply to a step")
+        reply = m.decode(m.StepResponse, msg.data)
+        if reply.step_id != self._step_id:
+            raise PeerUnavailable(f"{self.hop.peer_id}: reply to step {reply.step_id}, "
+                                  f"expected {self._step_id}")  # fmt: skip
+        return reply.hidden_states
+
+    async def close(self) -> None:
+        if not self.ws.closed:
+            try:
+                await asyncio.wait_for(self.ws.close(), self.config.connect_timeout_s)
+            except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError):
+                pass
