@@ -24,14 +24,9 @@ CACHE_ENV = "DRIFT_CACHE"
 
 
 def default_cache_dir() -> Path:
-    """DRIFT's cache dir, computed at call time: $DRIFT_CACHE, else $XDG_CACHE_HOME/drift,
-    else ~/.cache/drift."""
+    """$DRIFT_CACHE, else ~/.cache/drift (read at call time; the same rule as drift.models)."""
     env = os.environ.get(CACHE_ENV)
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "drift"
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "drift"
 
 
 def resolve_cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
