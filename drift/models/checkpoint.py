@@ -19,6 +19,9 @@ from transformers import AutoConfig, PretrainedConfig
 
 from drift.wire.errors import BadRequest, NotFound
 
+from .sources.aliases import ALIASES, resolve_alias
+from .sources.gguf import cached_revision, convert_gguf, find_single_gguf
+from .sources.hub import fetch_hub
 from .sources.local import index_weights, read_tensors
 
 # Config keys that do not change what the blocks compute: dtypes, token ids, bookkeeping.
@@ -101,20 +104,39 @@ class Checkpoint:
         self.revision = revision
         self.config = load_config(self.path)
         self.fingerprint = config_fingerprint(self.config, revision)
-        self._files = index_weights(self.path, present_only=partial)
+        self._index = index_weights(self.path, partial=partial)
 
     def tensor_names(self) -> list[str]:
-        return sorted(self._files)
+        """Every tensor name of the model (also those in shards not fetched)."""
+        return sorted([*self._index.files, *self._index.absent])
 
     def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
         """Tensors whose names start with `prefix`, prefix stripped; reads only those."""
-        names = [n for n in self._files if n.startswith(prefix)]
-        return {n[len(prefix) :]: t for n, t in read_tensors(self._files, names).items()}
+        absent = sorted({s for n, s in self._index.absent.items() if n.startswith(prefix)})
+        if absent:
+            raise NotFound(
+                f"tensors {prefix}* of {self.name} are in shard(s) not downloaded: "
+                f"{', '.join(absent)}; open the checkpoint with `blocks` covering them",
+                missing=absent,
+            )
+        names = [n for n in self._index.files if n.startswith(prefix)]
+        return {n[len(prefix) :]: t for n, t in read_tensors(self._index.files, names).items()}
 
     def __repr__(self) -> str:
         return (
             f"Checkpoint(name={self.name!r}, path={str(self.path)!r}, fp={self.fingerprint[:12]})"
         )
+
+
+def _open_gguf(gguf: Path, cache_dir: Path, name: str | None = None) -> Checkpoint:
+    directory = convert_gguf(gguf.resolve(), cache_dir)
+    return Checkpoint(directory, name=name or gguf.stem, revision=cached_revision(directory))
+
+
+def _open_dir(directory: Path, cache_dir: Path) -> Checkpoint:
+    if not (directory / "config.json").is_file() and (gguf := find_single_gguf(directory)):
+        return _open_gguf(gguf, cache_dir)
+    return Checkpoint(directory.resolve())
 
 
 def open_checkpoint(
@@ -124,14 +146,30 @@ def open_checkpoint(
     revision: str | None = None,
     blocks: range | None = None,
 ) -> Checkpoint:
-    """Open an alias, a local dir, a .gguf file or a Hub id as a Checkpoint."""
+    """Open an alias, a local dir, a .gguf file or a Hub id ("org/name") as a Checkpoint.
+
+    GGUF files (also aliases) are converted once into `cache_dir` (default_cache_dir());
+    Hub ids fetch config, tokenizer and only the shards holding `blocks` + client pieces.
+    """
     text = os.fspath(name_or_path)
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    if text in ALIASES:
+        alias = ALIASES[text]
+        return _open_gguf(resolve_alias(alias, cache), cache, name=alias.name)
     path = Path(text).expanduser()
     if path.is_dir():
-        return Checkpoint(path.resolve())
-    if path.exists():
-        raise BadRequest(f"{path} is a file but not a .gguf file; give a checkpoint directory")
-    looks_like_path = text.startswith(("/", ".", "~")) or text.endswith(".gguf")
-    if looks_like_path or not _HUB_ID.match(text):
-        raise NotFound(f"checkpoint path {text} does not exist")
-    raise NotFound(f"cannot open {text}")
+        return _open_dir(path, cache)
+    if path.is_file():
+        if path.suffix.lower() == ".gguf":
+            return _open_gguf(path, cache)
+        raise BadRequest(f"{path} is neither a checkpoint directory nor a .gguf file")
+    if text.startswith(("/", ".", "~")) or text.endswith(".gguf") or os.sep in text.strip("/"):
+        if not _HUB_ID.match(text):
+            raise NotFound(f"checkpoint path {text} does not exist")
+    if _HUB_ID.match(text):
+        snapshot, commit = fetch_hub(text, cache_dir=cache, revision=revision, blocks=blocks)
+        return Checkpoint(snapshot, name=text, revision=commit, partial=True)
+    raise NotFound(
+        f"unknown model {text!r}: not a path that exists, not an alias "
+        f"({', '.join(sorted(ALIASES))}) and not a Hub id (org/name)"
+    )

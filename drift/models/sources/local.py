@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -51,32 +52,41 @@ def _file_keys(path: Path) -> list[str]:
         ) from exc
 
 
-def index_weights(directory: Path, *, present_only: bool = False) -> dict[str, Path]:
-    """Map every tensor name of the checkpoint in `directory` to the file holding it.
+@dataclass(frozen=True)
+class WeightIndex:
+    """Where each tensor lives: `files` for tensors on disk, `absent` for shards not fetched."""
 
-    With `present_only`, shards named by the index but absent are skipped (a partial Hub
-    download); otherwise a missing shard is NotFound naming it.
+    files: dict[str, Path]  # tensor name -> safetensors file holding it
+    absent: dict[str, str]  # tensor name -> shard file name not downloaded (partial Hub fetch)
+
+
+def index_weights(directory: Path, *, partial: bool = False) -> WeightIndex:
+    """Index every tensor of the checkpoint in `directory` (reads safetensors headers only).
+
+    With `partial`, shards named by the index but absent are recorded in `absent` (a partial
+    Hub download); otherwise a missing shard is NotFound naming it.
     """
     index_path = directory / INDEX_FILE
     single = directory / SINGLE_FILE
     if index_path.is_file():
         weight_map = read_index(index_path)
         shards = sorted(set(weight_map.values()))
-        missing = [s for s in shards if not (directory / s).is_file()]
-        if missing and not present_only:
+        missing = {s for s in shards if not (directory / s).is_file()}
+        if missing and not partial:
             raise NotFound(
                 f"checkpoint {directory} is missing shard file(s) named in {INDEX_FILE}: "
-                + ", ".join(missing),
-                missing=missing,
+                + ", ".join(sorted(missing)),
+                missing=sorted(missing),
             )
         for shard in shards:
             if shard not in missing:
                 _file_keys(directory / shard)  # validate the header now, not mid-load
-        return {
-            name: directory / shard for name, shard in weight_map.items() if shard not in missing
-        }
+        return WeightIndex(
+            files={n: directory / s for n, s in weight_map.items() if s not in missing},
+            absent={n: s for n, s in weight_map.items() if s in missing},
+        )
     if single.is_file():
-        return {name: single for name in _file_keys(single)}
+        return WeightIndex(files={name: single for name in _file_keys(single)}, absent={})
     if any((directory / p).exists() for p in PICKLE_FILES):
         raise BadRequest(
             f"checkpoint {directory} has only pickle weights (pytorch_model.bin); DRIFT loads "

@@ -1,0 +1,101 @@
+"""Fetch a Hub checkpoint partially: config, tokenizer, index, and only the needed shards.
+
+A server serving blocks [a, b) needs the shards holding those layers plus the client
+pieces (embeddings, final norm, head), never the rest. `select_shards` is the pure rule;
+`fetch_hub` applies it with huggingface_hub into DRIFT's cache. Safetensors only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from drift.wire.errors import BadRequest, NotFound
+
+log = logging.getLogger(__name__)
+
+META_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "model.safetensors.index.json",
+)
+_LAYER = re.compile(r"(?:^|\.)(?:layers|h)\.(\d+)\.")
+
+
+def layer_of(tensor_name: str) -> int | None:
+    """The decoder layer a tensor belongs to (`model.layers.7.` / `transformer.h.7.`), or None."""
+    match = _LAYER.search(tensor_name)
+    return int(match.group(1)) if match else None
+
+
+def select_shards(weight_map: Mapping[str, str], blocks: Iterable[int] | None) -> list[str]:
+    """Shards holding the layers in `blocks` plus every tensor outside a layer (client pieces).
+
+    `blocks` None means the whole model. Sorted shard file names.
+    """
+    if blocks is None:
+        return sorted(set(weight_map.values()))
+    wanted = set(blocks)
+    shards = {
+        shard
+        for name, shard in weight_map.items()
+        if (layer := layer_of(name)) is None or layer in wanted
+    }
+    return sorted(shards)
+
+
+def _download(repo_id: str, revision: str | None, cache_dir: Path, patterns: list[str]) -> Path:
+    from huggingface_hub import snapshot_download
+
+    try:
+        path = snapshot_download(
+            repo_id, revision=revision, cache_dir=cache_dir, allow_patterns=patterns
+        )
+    except Exception as exc:  # not found, gated, offline, network: all mean "cannot fetch"
+        raise NotFound(
+            f"cannot fetch {repo_id!r} (revision {revision or 'main'}) from the Hugging Face Hub: "
+            f"{type(exc).__name__}: {exc}. Check the model id, your network and HF_HUB_OFFLINE, "
+            "or give a local checkpoint directory or .gguf file instead.",
+            repo_id=repo_id,
+        ) from exc
+    return Path(str(path))
+
+
+def fetch_hub(
+    repo_id: str, *, cache_dir: Path, revision: str | None = None, blocks: range | None = None
+) -> tuple[Path, str]:
+    """Download what `blocks` needs of `repo_id`; returns (snapshot dir, commit hash)."""
+    hub_cache = cache_dir / "hub"
+    snapshot = _download(repo_id, revision, hub_cache, [*META_FILES, "model.safetensors"])
+    commit = snapshot.name
+    if not (snapshot / "config.json").is_file():
+        raise NotFound(f"Hub repository {repo_id!r} has no config.json: not a transformers model")
+    index = snapshot / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        shards = select_shards(weight_map, blocks)
+        log.info(
+            "Hub %s@%s: fetching %d shard(s) for blocks %s",
+            repo_id,
+            commit[:8],
+            len(shards),
+            blocks,
+        )
+        _download(repo_id, commit, hub_cache, shards)
+    elif not (snapshot / "model.safetensors").is_file():
+        raise BadRequest(
+            f"Hub repository {repo_id!r} has no safetensors weights (model.safetensors or "
+            "model.safetensors.index.json); DRIFT never loads pickle (pytorch_model.bin). "
+            "Use a safetensors revision or convert the weights first."
+        )
+    return snapshot, commit
