@@ -1,1 +1,27 @@
-"""TODO: filled in by its issue."""
+"""The DRIFT client SDK: use a model served by a swarm like a local transformers model.
+
+Swarm view, routing, RemoteSequential, InferenceSession with failover, HF-compatible
+distributed models and prompt tuning. Import the classes from here (or lazily from drift).
+"""
+
+from __future__ import annotations
+
+from drift.client.auto import (
+    AutoDistributedModelForCausalLM,
+    AutoDistributedModelForSequenceClassification,
+    DistributedLlamaForCausalLM,
+)
+from drift.client.config import ClientConfig
+from drift.client.model import DistributedModelForCausalLM
+from drift.client.sequential import RemoteSequential
+from drift.client.session import InferenceSession
+
+__all__ = [
+    "AutoDistributedModelForCausalLM",
+    "AutoDistributedModelForSequenceClassification",
+    "ClientConfig",
+    "DistributedLlamaForCausalLM",
+    "DistributedModelForCausalLM",
+    "InferenceSession",
+    "RemoteSequential",
+]

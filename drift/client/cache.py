@@ -1,0 +1,101 @@
+"""RemoteCache: the transformers Cache that stands for a remote inference session.
+
+It holds no tensors. GenerationMixin reads its length (tokens the servers have cached),
+asks it to reorder rows for beam search (kept as `hypo_ids` for the next step) and to
+crop for rollback; the model's forward sends steps through its session.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache
+
+from drift.client.session import InferenceSession
+
+
+class RemoteCache(Cache):
+    def __init__(self, session: InferenceSession, *, owned: bool) -> None:
+        super().__init__(layers=[])
+        self.session = session
+        self.owned = owned  # close the session when generate() returns
+        self.prefix_length = 0  # prompt-tuning positions in the session ahead of the tokens
+        self.pending_hypo_ids: torch.Tensor | None = None  # [B] for the next step
+        self.token_ids: torch.Tensor | None = None  # [B, L] tokens the session has consumed
+        self.attention_mask: torch.Tensor | None = None  # [B, L] their mask
+        self.last_sequences: torch.Tensor | None = None  # generate()'s last output
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return max(self.session.position - self.prefix_length, 0)
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        return self.session.max_length - self.prefix_length
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        beam_idx = beam_idx.to("cpu", torch.int64)
+        prev = self.pending_hypo_ids
+        self.pending_hypo_ids = beam_idx if prev is None else prev[beam_idx]
+        if self.token_ids is not None:
+            self.token_ids = self.token_ids[beam_idx]
+        if self.attention_mask is not None:
+            self.attention_mask = self.attention_mask[beam_idx]
+
+    def take_hypo_ids(self) -> torch.Tensor | None:
+        hypo, self.pending_hypo_ids = self.pending_hypo_ids, None
+        return hypo
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Roll back: the next step starts `tokens_to_remove` tokens earlier (< 0: keep that many)."""
+        seen = self.get_seq_length()
+        keep = seen - tokens_to_remove if tokens_to_remove >= 0 else -tokens_to_remove
+        self.session.position = self.prefix_length + max(keep, 0)
+        if self.token_ids is not None:
+            self.token_ids = self.token_ids[:, :keep]
+        if self.attention_mask is not None:
+            self.attention_mask = self.attention_mask[:, :keep]
+
+    def record(self, input_ids: torch.Tensor | None, mask: torch.Tensor) -> None:
+        """Remember the tokens just sent (for resuming generate() inside a session)."""
+        if input_ids is not None:
+            ids = input_ids.detach().cpu()
+            self.token_ids = ids if self.token_ids is None else torch.cat([self.token_ids, ids], 1)
+        m = mask.detach().cpu()
+        self.attention_mask = (
+            m if self.attention_mask is None else torch.cat([self.attention_mask, m], 1)
+        )
+
+    def reset(self) -> None:
+        self.crop(self.get_seq_length())
+
+    @property
+    def is_compileable(self) -> bool:
+        return False
+
+    @property
+    def is_initialized(self) -> bool:
+        return self.session.position > 0
+
+    @property
+    def is_croppable(self) -> bool:
+        return True
+
+    @property
+    def is_sliding(self) -> list[bool]:
+        return [False]
+
+    @property
+    def is_linear(self) -> list[bool]:
+        return [False]
+
+    @property
+    def is_dummy(self) -> list[bool]:
+        return [False]
+
+    @property
+    def batch_size(self) -> int:
+        return self.session.batch_size
+
+    def __len__(self) -> int:
+        return self.session.end_block - self.session.start_block
+
+    def __repr__(self) -> str:
+        return f"RemoteCache(position={self.session.position}, blocks=[{self.session.start_block}, {self.session.end_block}))"

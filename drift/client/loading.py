@@ -1,0 +1,71 @@
+"""What every distributed model class loads: checkpoint, client head, swarm client.
+
+Resolves a Hub name, model directory or GGUF path through drift.models.open_checkpoint
+(reading only the client's tensors), accepts dtype= and the older torch_dtype=, and
+parses initial peers (join tokens or multiaddrs, with an optional swarm key).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from drift.client.config import ClientConfig
+from drift.client.remote import RemoteClient
+from drift.identity.tokens import JoinToken, parse_join_tokens
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_dtype(dtype: Any, torch_dtype: Any) -> torch.dtype:
+    if dtype is not None and torch_dtype is not None and dtype != torch_dtype:
+        raise ValueError(f"dtype={dtype!r} and torch_dtype={torch_dtype!r} disagree; give one")
+    value = dtype if dtype is not None else torch_dtype
+    if value is None or value == "auto":
+        return torch.float32
+    if isinstance(value, str):
+        value = _DTYPES.get(value.removeprefix("torch."))
+    if value not in _DTYPES.values():
+        raise ValueError(f"dtype must be one of {list(_DTYPES)}, got {dtype or torch_dtype!r}")
+    return value
+
+
+def parse_peers(initial_peers: Any, swarm_key: str | None) -> tuple[JoinToken, ...]:
+    if initial_peers is None or (not isinstance(initial_peers, str) and not initial_peers):
+        raise ValueError(
+            "initial_peers is required: a join token 'drift://<peer_id>@host:port' or a "
+            "multiaddr '/ip4/<host>/tcp/<port>/p2p/<peer_id>' (or a list of them)"
+        )
+    items = [initial_peers] if isinstance(initial_peers, str | JoinToken) else list(initial_peers)
+    tokens = tuple(
+        t
+        for item in items
+        for t in ((item,) if isinstance(item, JoinToken) else parse_join_tokens(item))
+    )
+    if swarm_key:
+        tokens = tuple(dataclasses.replace(t, swarm_key=swarm_key) for t in tokens)
+    return tokens
+
+
+def load_parts(
+    name_or_path: str | Path, *, initial_peers: Any, swarm_key: str | None = None,
+    dtype: Any = None, torch_dtype: Any = None, client_config: ClientConfig | None = None,
+    cache_dir: Path | None = None, revision: str | None = None,
+) -> tuple[Any, Any, RemoteClient, torch.dtype]:  # fmt: skip
+    """(checkpoint, ClientHead, RemoteClient, dtype) for a model name or path."""
+    from drift.models.checkpoint import open_checkpoint
+    from drift.models.head import ClientHead
+
+    torch_dt = resolve_dtype(dtype, torch_dtype)
+    tokens = parse_peers(initial_peers, swarm_key)
+    ckpt = open_checkpoint(str(name_or_path), cache_dir=cache_dir, revision=revision,
+                           blocks=range(0))  # fmt: skip
+    head = ClientHead.load(ckpt, dtype=torch_dt)
+    config = client_config or ClientConfig()
+    if swarm_key and not config.swarm_key:
+        config = dataclasses.replace(config, swarm_key=swarm_key)
+    client = RemoteClient(tokens, ckpt.fingerprint, config)
+    return ckpt, head, client, torch_dt

@@ -1,0 +1,234 @@
+"""DistributedModelForCausalLM: a transformers model whose blocks run on the swarm.
+
+The client holds embeddings, final norm and head (ClientHead) and optional prompt tuning;
+`model.model.layers` is a RemoteSequential. transformers' own generate() drives it: a
+RemoteCache stands for the remote session (length, beam reordering via hypo_ids), and
+several generate() calls can share one `with model.inference_session(max_length=...)`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import GenerationConfig, GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from drift.client.cache import RemoteCache
+from drift.client.loading import load_parts
+from drift.client.ptune import PromptTuning
+from drift.client.remote import RemoteClient
+from drift.client.sequential import RemoteSequential
+from drift.client.session import InferenceSession
+
+
+class DistributedBackbone(nn.Module):
+    """`model.model`: the remote decoder stack (`layers`) and the client's embeddings."""
+
+    def __init__(self, head: nn.Module, layers: RemoteSequential) -> None:
+        super().__init__()
+        self.embed_tokens = head.embed_tokens
+        self.layers = layers
+
+
+class DistributedPreTrainedModel(PreTrainedModel):
+    config_class = PretrainedConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+
+    def _init_weights(self, module: nn.Module) -> None:  # weights come from the checkpoint
+        return
+
+    def _setup(self, ckpt: Any, head: nn.Module, client: RemoteClient, *, tuning_mode: str | None,
+               pre_seq_len: int) -> None:  # fmt: skip
+        self.head = head
+        self.client = client
+        self.num_blocks = _num_blocks(ckpt.config)
+        self.model = DistributedBackbone(head, RemoteSequential(client, 0, self.num_blocks))
+        self.ptune = (
+            PromptTuning(tuning_mode, pre_seq_len, ckpt.config.hidden_size, self.num_blocks)
+            if tuning_mode
+            else None
+        )
+        if self.ptune is not None:
+            self.head.requires_grad_(False)
+        self._active: RemoteCache | None = None
+        self._owned: list[RemoteCache] = []
+
+    @classmethod
+    def from_pretrained(  # type: ignore[override]
+        cls, name_or_path: Any, *, initial_peers: Any, swarm_key: str | None = None,
+        dtype: Any = None, torch_dtype: Any = None, client_config: Any = None,
+        tuning_mode: str | None = None, pre_seq_len: int = 0, cache_dir: Any = None,
+        revision: str | None = None, **config_overrides: Any,
+    ):  # fmt: skip
+        ckpt, head, client, torch_dt = load_parts(
+            name_or_path, initial_peers=initial_peers, swarm_key=swarm_key, dtype=dtype,
+            torch_dtype=torch_dtype, client_config=client_config, cache_dir=cache_dir,
+            revision=revision,
+        )  # fmt: skip
+        config = ckpt.config
+        for key, value in config_overrides.items():
+            setattr(config, key, value)
+        model = cls(config)
+        model._setup(ckpt, head, client, tuning_mode=tuning_mode, pre_seq_len=pre_seq_len)
+        model._load_extra(ckpt, torch_dt)
+        if (ckpt.path / "generation_config.json").exists():
+            model.generation_config = GenerationConfig.from_pretrained(ckpt.path)
+        return model.to(torch_dt).eval()
+
+    def _load_extra(self, ckpt: Any, dtype: torch.dtype) -> None:
+        """Hook for heads beyond ClientHead (e.g. a classifier)."""
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _prompt_inputs(
+        self, embeds: torch.Tensor, mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, int]:
+        """Prepend prompt-tuning embeddings: (embeds, mask, deep prompts, prefix length)."""
+        if self.ptune is None:
+            return embeds, mask, None, 0
+        b, p = embeds.shape[0], self.ptune.pre_seq_len
+        embeds = torch.cat([self.ptune.prefix(b, embeds.dtype), embeds], dim=1)  # [B, P+T, H]
+        if mask is not None:
+            mask = torch.cat([mask.new_ones(b, p), mask], dim=1)
+        return embeds, mask, self.ptune.prompts(b, embeds.dtype), p
+
+    @contextlib.contextmanager
+    def inference_session(
+        self, *, max_length: int, batch_size: int = 1
+    ) -> Iterator[InferenceSession]:
+        """Keep one remote session across several generate() / forward calls."""
+        if self._active is not None:
+            raise RuntimeError("an inference session is already active on this model")
+        session = self.model.layers.inference_session(
+            max_length=max_length, batch_size=batch_size, dtype=self.dtype
+        )
+        self._active = RemoteCache(session, owned=False)
+        try:
+            yield session
+        finally:
+            self._active = None
+            session.close()
+
+
+def _num_blocks(config: PretrainedConfig) -> int:
+    for name in ("num_hidden_layers", "n_layer", "num_layers"):
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    raise ValueError(f"cannot tell the number of blocks of a {config.model_type} config")
+
+
+class DistributedModelForCausalLM(DistributedPreTrainedModel, GenerationMixin):
+    def get_input_embeddings(self) -> nn.Module:
+        return self.head.embed_tokens
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.head.lm_head
+
+    def forward(
+        self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+        cache: RemoteCache | None = None, inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None, position_ids: Any = None, use_cache: bool | None = None,
+        return_dict: bool | None = None, output_hidden_states: bool | None = None, **kwargs: Any,
+    ) -> CausalLMOutputWithPast:  # fmt: skip
+        if inputs_embeds is None:
+            if input_ids is None:
+                raise ValueError("give input_ids or inputs_embeds")
+            inputs_embeds = self.head.embed(input_ids)  # [B, T, H]
+        cache = cache if cache is not None else self._active
+        hidden = self._run_blocks(input_ids, inputs_embeds, attention_mask, cache)
+        logits = self.head.logits(hidden)
+        loss = None
+        if labels is not None:
+            loss = nn.functional.cross_entropy(
+                logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100
+            )
+        last = self.head.norm(hidden.to(self.head.dtype))
+        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache,
+                                      hidden_states=(inputs_embeds, last))  # fmt: skip
+
+    def _run_blocks(
+        self, input_ids: torch.Tensor | None, embeds: torch.Tensor,
+        mask: torch.Tensor | None, cache: RemoteCache | None,
+    ) -> torch.Tensor:  # fmt: skip
+        t = embeds.shape[1]
+        if cache is None:
+            embeds, mask, prompts, p = self._prompt_inputs(embeds, mask)
+            return self.model.layers(embeds, attention_mask=mask, prompts=prompts)[:, p:]
+        new_mask = (
+            mask[:, -t:] if mask is not None else torch.ones(embeds.shape[:2], dtype=torch.long)
+        )
+        p = 0
+        prompts = None
+        if cache.session.position == 0:
+            cache.session.batch_size = embeds.shape[0]
+            embeds, new_mask, prompts, p = self._prompt_inputs(embeds, new_mask)
+            cache.prefix_length = p
+        send_mask = None if bool(new_mask.all()) else new_mask
+        with torch.no_grad():
+            hidden = cache.session.step(
+                embeds.detach(), hypo_ids=cache.take_hypo_ids(), attention_mask=send_mask,
+                prompts=None if prompts is None else prompts.detach(),
+            )  # fmt: skip
+        cache.record(input_ids, new_mask[:, p:])
+        return hidden[:, p:].to(embeds.dtype)
+
+    # --- generate() integration -------------------------------------------------------------
+
+    def _prepare_cache_for_generation(
+        self, generation_config: Any, model_kwargs: dict, generation_mode: Any,
+        batch_size: int, max_cache_length: int,
+    ) -> None:  # fmt: skip
+        if model_kwargs.get("cache") is not None:
+            return
+        if self._active is not None:
+            model_kwargs["cache"] = self._active
+            return
+        prefix = self.ptune.pre_seq_len if self.ptune is not None else 0
+        beams = max(generation_config.num_beams or 1, generation_config.num_return_sequences or 1)
+        session = self.model.layers.inference_session(
+            max_length=max_cache_length + prefix, batch_size=batch_size * beams, dtype=self.dtype
+        )
+        model_kwargs["cache"] = RemoteCache(session, owned=True)
+        self._owned.append(model_kwargs["cache"])
+
+    def generate(self, inputs: torch.Tensor | None = None, *args: Any, **kwargs: Any) -> Any:
+        """transformers' generate(); inside a session, continues where the last call stopped."""
+        active = self._active
+        if active is not None and active.session.position > 0:
+            inputs, kwargs = _resume_inputs(active, inputs, kwargs)
+        cache_before = kwargs.get("cache")
+        try:
+            out = super().generate(inputs, *args, **kwargs)
+        finally:
+            self._close_owned(cache_before)
+        if active is not None:
+            active.last_sequences = out if isinstance(out, torch.Tensor) else out.sequences
+        return out
+
+    def _close_owned(self, cache_before: Any) -> None:
+        """Close the sessions generate() opened for itself (none when one was active)."""
+        while self._owned:
+            self._owned.pop().session.close()
+
+
+def _resume_inputs(active: RemoteCache, inputs: torch.Tensor | None, kwargs: dict) -> tuple:
+    """Full input ids for a generate() call that continues an active session."""
+    history = active.last_sequences if active.last_sequences is not None else active.token_ids
+    if inputs is None:
+        inputs = history
+    elif history is not None and not (
+        inputs.shape[1] >= history.shape[1] and torch.equal(inputs[:, : history.shape[1]], history)
+    ):
+        inputs = torch.cat([history, inputs.to(history.device)], dim=1)  # new tokens appended
+    if active.attention_mask is not None and kwargs.get("attention_mask") is None:
+        seen = active.attention_mask
+        extra = inputs.shape[1] - seen.shape[1]
+        kwargs["attention_mask"] = torch.cat([seen, seen.new_ones(seen.shape[0], extra)], dim=1)
+    return inputs, kwargs
