@@ -137,7 +137,7 @@ def check_prompts(prompts: torch.Tensor | None, n_blocks: int | None, batch: int
         return
     if n_blocks is not None and prompts.shape[0] != n_blocks:
         raise BadTensor(f"prompts cover {prompts.shape[0]} blocks, the span has {n_blocks}")
-    if prompts.shape[1] != batch:
+    if prompts.shape[1] not in (1, batch):
         raise BadTensor(f"prompts have batch {prompts.shape[1]}, hidden_states have {batch}")
 
 

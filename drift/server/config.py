@@ -1,0 +1,31 @@
+"""ServerConfig: everything a block server needs to know, parsed once by drift/cli.
+
+A frozen dataclass with a comment and a unit on every field; nothing here reads the
+environment or touches torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model: str  # alias, local checkpoint directory, .gguf file or Hub id (open_checkpoint)
+    start_block: int | None = None  # first block served (absolute index); None: chosen
+    end_block: int | None = None  # one past the last block served; None: chosen
+    num_blocks: int | None = None  # how many blocks to serve when start/end are not pinned
+    device: str = "auto"  # torch device name: auto | cpu | cuda[:i] | xpu | mps
+    torch_dtype: str = "float32"  # weights and compute dtype: float32 | float16 | bfloat16
+    # KV-cache budget, in tokens per served block: a session reserves
+    # max_length x batch_size tokens in each block of its (sub-)span, i.e.
+    # max_length x batch_size x n_blocks block-tokens of attn_cache_tokens x span blocks.
+    attn_cache_tokens: int = 8192
+    max_batch_size: int = 8  # sequences per request or session
+    inference_max_length: int = 2048  # tokens: largest max_length a session may open
+    session_timeout_s: float = 300.0  # seconds: an idle session is closed and its cache freed
+    max_body_bytes: int = 64 << 20  # bytes: largest request body or WebSocket message (413)
+    throughput: float | None = None  # block-tokens/s of one block; None: measured at start
+    cache_dir: Path | None = None  # where the throughput measurement is cached (None: none)
+    revision: str | None = None  # Hub revision of the model, when it comes from the Hub

@@ -1,0 +1,244 @@
+"""HTTP and WebSocket routes of a block server, added to the node's aiohttp app.
+
+Each route parses (frame or plain JSON), calls one function of the backend or the session
+manager, and serialises. A bad request or a vanished client never kills a session or the
+node: errors become `{"error": {...}}` replies (HTTP) or `error` messages (WebSocket).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import WSMsgType, web
+
+from drift.server.state import BlockServer
+from drift.wire.errors import BadRequest, DriftError, InternalError, PayloadTooLarge
+from drift.wire.frames import MEDIA_TYPE, decode_frame, decompress, encode_frame
+from drift.wire.messages import (
+    BackwardRequest,
+    CloseSession,
+    ErrorMessage,
+    ForwardRequest,
+    OpenSession,
+    StepRequest,
+)
+
+log = logging.getLogger(__name__)
+BLOCK_SERVER = web.AppKey("block_server", BlockServer)
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def add_server_routes(app: web.Application, server: BlockServer) -> None:
+    """Mount /blocks, /forward, /backward, /inference and /metrics; own the reaper loop."""
+    app[BLOCK_SERVER] = server
+    app.router.add_get("/blocks", _counted(server, "/blocks", _blocks))
+    app.router.add_post("/forward", _counted(server, "/forward", _forward))
+    app.router.add_post("/backward", _counted(server, "/backward", _backward))
+    app.router.add_get("/inference", _counted(server, "/inference", _inference))
+    app.router.add_get("/metrics", _counted(server, "/metrics", _metrics))
+    app.cleanup_ctx.append(_lifecycle)
+    app.on_shutdown.append(_close_sockets)
+
+
+def _counted(server: BlockServer, route: str, handler: Handler) -> Handler:
+    """Count each request by status; DriftErrors become JSON error replies here."""
+
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        try:
+            response = await handler(request)
+        except DriftError as exc:
+            response = web.json_response(exc.to_payload(), status=exc.status)
+        except web.HTTPException:
+            raise
+        except Exception:
+            log.exception("%s failed", route)
+            err = InternalError(f"{route} failed on the server; see its log")
+            response = web.json_response(err.to_payload(), status=err.status)
+        server.metrics.count(route, response.status)
+        return response
+
+    return wrapped
+
+
+async def _blocks(request: web.Request) -> web.Response:
+    return web.json_response(request.app[BLOCK_SERVER].describe())
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    text = request.app[BLOCK_SERVER].metrics.render()
+    return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
+
+async def _forward(request: web.Request) -> web.Response:
+    server = request.app[BLOCK_SERVER]
+    started = time.perf_counter()
+    body, is_json = await _read_body(request, server.config.max_body_bytes)
+    backend = server.backend
+    if is_json:
+        req = ForwardRequest.from_json(_json(body), default_model=backend.fingerprint,
+                                       hidden_size=backend.hidden_size)  # fmt: skip
+    else:
+        params, tensors = decode_frame(body)
+        req = ForwardRequest.from_wire(params, tensors, hidden_size=backend.hidden_size)
+    result = await backend.forward(req)
+    server.metrics.forward_latency.observe(time.perf_counter() - started)
+    return _reply(result, is_json)
+
+
+async def _backward(request: web.Request) -> web.Response:
+    server = request.app[BLOCK_SERVER]
+    started = time.perf_counter()
+    body, is_json = await _read_body(request, server.config.max_body_bytes)
+    backend = server.backend
+    if is_json:
+        req = BackwardRequest.from_json(_json(body), default_model=backend.fingerprint,
+                                        hidden_size=backend.hidden_size)  # fmt: skip
+    else:
+        params, tensors = decode_frame(body)
+        req = BackwardRequest.from_wire(params, tensors, hidden_size=backend.hidden_size)
+    result = await backend.backward(req)
+    server.metrics.forward_latency.observe(time.perf_counter() - started)
+    return _reply(result, is_json)
+
+
+def _reply(result: Any, is_json: bool) -> web.Response:
+    if is_json:
+        return web.Response(body=orjson.dumps(result.to_json()), content_type="application/json")
+    params, tensors = result.to_wire()
+    return web.Response(body=encode_frame(params, tensors), content_type=MEDIA_TYPE)
+
+
+async def _read_body(request: web.Request, limit: int) -> tuple[bytes, bool]:
+    """The body (zstd undone), refused past `limit` bytes before it is all read."""
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLarge(f"body of {request.content_length} bytes exceeds {limit}")
+    chunks, size = [], 0
+    async for chunk in request.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    encoding = request.headers.get("Content-Encoding", "").lower()
+    if encoding == "zstd":
+        # aiohttp may have decoded it already (auto_decompress): only a zstd magic remains
+        # to undo; neither a frame nor JSON can start with it.
+        if body.startswith(ZSTD_MAGIC):
+            body = decompress(body, max_bytes=limit)
+    elif encoding not in ("", "identity"):
+        raise BadRequest(f"unsupported Content-Encoding {encoding!r}; use zstd or none")
+    return body, request.content_type == "application/json"
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"body is not valid JSON: {exc}") from exc
+
+
+async def _inference(request: web.Request) -> web.WebSocketResponse:
+    """One WebSocket: open -> session_opened, binary steps -> binary replies, close."""
+    server = request.app[BLOCK_SERVER]
+    ws = web.WebSocketResponse(max_msg_size=server.config.max_body_bytes)
+    await ws.prepare(request)
+    server.sockets.add(ws)
+    session_id: str | None = None
+    try:
+        async for msg in ws:
+            if msg.type == WSMsgType.TEXT:
+                session_id = await _on_text(server, ws, session_id, msg.data)
+            elif msg.type == WSMsgType.BINARY:
+                await _on_step(server, ws, session_id, msg.data)
+            elif msg.type == WSMsgType.ERROR:
+                break
+    finally:
+        server.sockets.discard(ws)
+        if session_id is not None:
+            server.sessions.close(session_id)
+    return ws
+
+
+async def _on_text(server: BlockServer, ws: web.WebSocketResponse, sid: str | None, data: str):
+    try:
+        obj = _json(data.encode())
+        kind = obj.get("type") if isinstance(obj, dict) else None
+        if kind == "open":
+            req = OpenSession.from_wire(obj)
+            if sid is not None:
+                raise BadRequest("this socket already has a session; close it first")
+            session, opened = await server.sessions.open(req)
+            await _send(ws, opened.to_wire())
+            return session.session_id
+        if kind == "close":
+            CloseSession.from_wire(obj)
+            if sid is not None:
+                server.sessions.close(sid)
+            await _send(ws, {**CloseSession().to_wire(), "type": "session_closed"})
+            return None
+        raise BadRequest(
+            f"unexpected text message of type {kind!r}: send 'open' or 'close' as JSON "
+            "and steps as binary tensor frames"
+        )
+    except DriftError as exc:
+        server.metrics.count("/inference:open", exc.status)
+        await _send(ws, ErrorMessage(exc.code, exc.message).to_wire())
+        return sid
+
+
+async def _on_step(server: BlockServer, ws: web.WebSocketResponse, sid: str | None, data: bytes):
+    started = time.perf_counter()
+    step_id = None
+    try:
+        params, tensors = decode_frame(data)
+        if isinstance(params.get("step_id"), int):
+            step_id = params["step_id"]
+        req = StepRequest.from_wire(params, tensors, hidden_size=server.backend.hidden_size)
+        if sid is None:
+            raise BadRequest("no session is open on this socket: send 'open' first")
+        reply = await server.sessions.step(sid, req)
+    except DriftError as exc:
+        server.metrics.count("/inference:step", exc.status)
+        await _send(ws, ErrorMessage(exc.code, exc.message, step_id).to_wire())
+        return
+    except Exception:
+        log.exception("inference step failed")
+        server.metrics.count("/inference:step", 500)
+        await _send(
+            ws, ErrorMessage("internal", "the step failed on the server", step_id).to_wire()
+        )
+        return
+    server.metrics.count("/inference:step", 200)
+    server.metrics.step_latency.observe(time.perf_counter() - started)
+    params, tensors = reply.to_wire()
+    with contextlib.suppress(ConnectionError, RuntimeError):  # the client may be gone
+        await ws.send_bytes(encode_frame(params, tensors))
+
+
+async def _send(ws: web.WebSocketResponse, obj: dict[str, Any]) -> None:
+    with contextlib.suppress(ConnectionError, RuntimeError):
+        await ws.send_str(orjson.dumps(obj).decode())
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    """The reaper (idle sessions) and announcer (cache left) loop, and cleanup at exit."""
+    server = app[BLOCK_SERVER]
+    task = asyncio.create_task(server.housekeeping_loop())
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    server.sessions.close_all()
+    server.backend.close()
+
+
+async def _close_sockets(app: web.Application) -> None:
+    for ws in list(app[BLOCK_SERVER].sockets):
+        await ws.close(code=1001, message=b"server shutdown")

@@ -1,0 +1,157 @@
+"""Inference sessions: a KV cache per client over a (sub-)span, its budget, and its lifetime.
+
+`open` reserves cache room (or raises CacheFull), `step` runs one step on the compute
+thread after the checks that keep a bad step from touching the cache, `close` frees it;
+`reap` closes sessions idle past the timeout. Knows nothing about WebSockets.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from drift.server.backend import SpanBackend
+from drift.server.budget import CacheBudget
+from drift.wire.checks import ACTIVATION_DTYPES
+from drift.wire.errors import BadTensor, LengthExceeded, UnknownSession
+from drift.wire.messages import OpenSession, SessionOpened, StepRequest, StepResponse
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Session:
+    session_id: str
+    request: OpenSession
+    cache: Any  # drift.models.SpanSession, touched only on the compute thread
+    reserved: int  # block-tokens held in the budget
+    position: int = 0  # tokens in the cache, as the server last saw it
+    last_used: float = field(default_factory=time.monotonic)
+    busy: bool = False  # a step is running: never reaped mid-step
+
+
+class SessionManager:
+    def __init__(
+        self, backend: SpanBackend, budget: CacheBudget, *, max_length: int, timeout_s: float
+    ) -> None:
+        self.backend = backend
+        self.budget = budget
+        self.max_length = max_length  # tokens: the largest max_length a session may ask for
+        self.timeout_s = timeout_s  # seconds of idleness before a session is closed
+        self.sessions: dict[str, Session] = {}
+
+    async def open(self, req: OpenSession) -> tuple[Session, SessionOpened]:
+        self.backend.check(req.model, req.start_block, req.end_block, req.batch_size)
+        if req.max_length > self.max_length:
+            raise LengthExceeded(
+                f"max_length {req.max_length} exceeds this server's limit of {self.max_length}"
+            )
+        n_blocks = req.end_block - req.start_block
+        reserved = self.budget.reserve(req.max_length * req.batch_size * n_blocks)
+        try:
+            cache = await self.backend.run(self._new_cache, req)
+        except BaseException:
+            self.budget.release(reserved)
+            raise
+        session = Session(secrets.token_hex(8), req, cache, reserved)
+        self.sessions[session.session_id] = session
+        log.debug("opened session %s: %s", session.session_id, req)
+        return session, SessionOpened(session.session_id, req.max_length)
+
+    def _new_cache(self, req: OpenSession) -> Any:
+        return self.backend.span.new_session(
+            batch_size=req.batch_size, max_length=req.max_length,
+            start_block=req.start_block, end_block=req.end_block,
+        )  # fmt: skip
+
+    def get(self, session_id: str) -> Session:
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise UnknownSession(
+                f"session {session_id} is unknown here (closed, timed out or never opened); "
+                "open a new one and replay its inputs"
+            )
+        return session
+
+    async def step(self, session_id: str, req: StepRequest) -> StepResponse:
+        session = self.get(session_id)
+        self._check_step(session, req)
+        session.busy = True
+        try:
+            out = await self.backend.run(self._step, session, req)
+        finally:
+            session.busy = False
+            session.last_used = time.monotonic()
+        session.position = req.position + req.hidden_states.shape[1]
+        return StepResponse(req.step_id, out)
+
+    def _check_step(self, session: Session, req: StepRequest) -> None:
+        opened = session.request
+        batch, new_tokens = req.hidden_states.shape[:2]
+        if batch != opened.batch_size:
+            raise BadTensor(
+                f"step has batch {batch}, the session was opened with {opened.batch_size}"
+            )
+        if req.hidden_states.dtype != ACTIVATION_DTYPES[opened.dtype]:
+            raise BadTensor(
+                f"step hidden_states are {req.hidden_states.dtype}, the session uses {opened.dtype}"
+            )
+        if req.position > session.position:
+            raise LengthExceeded(
+                f"position {req.position} skips ahead of the {session.position} cached tokens"
+            )
+        if req.position + new_tokens > opened.max_length:
+            raise LengthExceeded(
+                f"step would reach {req.position + new_tokens} tokens, past the session's "
+                f"max_length {opened.max_length}"
+            )
+        n_blocks = opened.end_block - opened.start_block
+        if req.prompts is not None and req.prompts.shape[0] != n_blocks:
+            raise BadTensor(f"prompts cover {req.prompts.shape[0]} blocks, the span has {n_blocks}")
+
+    def _step(self, session: Session, req: StepRequest) -> torch.Tensor:
+        device = self.backend.span.device
+        with torch.no_grad():
+            out = session.cache.step(
+                req.hidden_states.to(device),
+                position=req.position,
+                hypo_ids=None if req.hypo_ids is None else req.hypo_ids.to(device),
+                attention_mask=None
+                if req.attention_mask is None
+                else req.attention_mask.to(device),
+                prompts=None if req.prompts is None else req.prompts.to(device),
+            )
+        return out.to("cpu", req.hidden_states.dtype)
+
+    def close(self, session_id: str) -> None:
+        session = self.sessions.pop(session_id, None)
+        if session is None:
+            return
+        self.budget.release(session.reserved)
+        self.backend.executor.submit(session.cache.close)
+        log.debug("closed session %s", session_id)
+
+    def reap(self, now: float | None = None) -> list[str]:
+        """Close sessions idle past the timeout; returns their ids."""
+        now = time.monotonic() if now is None else now
+        stale = [
+            sid for sid, s in self.sessions.items()
+            if not s.busy and now - s.last_used > self.timeout_s
+        ]  # fmt: skip
+        for sid in stale:
+            log.info("session %s idle for over %.0f s: closed", sid, self.timeout_s)
+            self.close(sid)
+        return stale
+
+    def close_all(self) -> None:
+        for sid in list(self.sessions):
+            self.close(sid)
+
+    @property
+    def cache_tokens_in_use(self) -> int:
+        return self.budget.used
