@@ -46,3 +46,101 @@ async def test_logits_match_local(tiny_dirs, family):
         assert torch.equal(greedy, ref_greedy)
 
     await _with_model(model_dir, [(0, 2), (2, 4)], check)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "mistral", "gemma2", "falcon", "bloom"])
+async def test_families_logits_and_greedy(tiny_dirs, family):
+    model_dir = tiny_dirs(family)
+    local = _local(model_dir)
+    ids = torch.randint(0, 256, (1, 6), generator=torch.Generator().manual_seed(1))
+
+    def check(model, swarm):
+        with torch.no_grad():
+            assert (model(ids).logits - local(ids).logits).abs().max() < 1e-4
+        ref = local.generate(ids, max_new_tokens=6, do_sample=False)
+        assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), ref)
+
+    await _with_model(model_dir, [(0, 2), (2, 4)], check)
+
+
+async def test_generate_modes(tiny_dirs):
+    model_dir = tiny_dirs("llama")
+    local = _local(model_dir)
+    ids = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(2))
+
+    def check(model, swarm):
+        for kw in (
+            dict(do_sample=True, top_k=20, temperature=0.9),
+            dict(num_beams=3, do_sample=False),
+            dict(repetition_penalty=1.5, do_sample=False),
+        ):
+            torch.manual_seed(7)
+            ref = local.generate(ids, max_new_tokens=8, **kw)
+            torch.manual_seed(7)
+            out = model.generate(ids, max_new_tokens=8, **kw)
+            assert torch.equal(out, ref), kw
+        # several generate calls in one session continue where the last stopped
+        ref = local.generate(ids, max_new_tokens=8, do_sample=False)
+        with model.inference_session(max_length=32):
+            first = model.generate(ids, max_new_tokens=4, do_sample=False)
+            second = model.generate(None, max_new_tokens=4, do_sample=False)
+        assert torch.equal(first, ref[:, :9])
+        assert torch.equal(second, ref)
+
+    await _with_model(model_dir, [(0, 2), (2, 4)], check)
+
+
+async def test_padded_batch_matches_each_prompt_alone(tiny_dirs):
+    model_dir = tiny_dirs("llama")
+    local = _local(model_dir)
+    a = torch.tensor([[5, 6, 7, 8, 9]])
+    b = torch.tensor([[11, 12]])
+    ids = torch.tensor([[5, 6, 7, 8, 9], [0, 0, 0, 11, 12]])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 0, 1, 1]])
+
+    def check(model, swarm):
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False)
+        ref_a = local.generate(a, max_new_tokens=5, do_sample=False)
+        ref_b = local.generate(b, max_new_tokens=5, do_sample=False)
+        assert torch.equal(out[0], ref_a[0])
+        assert torch.equal(out[1, 3:], ref_b[0])
+
+    await _with_model(model_dir, [(0, 3), (3, 4)], check)
+
+
+async def test_missing_blocks_named(tiny_dirs):
+    from drift.wire.errors import MissingBlocks
+
+    model_dir = tiny_dirs("llama")
+
+    def check(model, swarm):
+        with pytest.raises(MissingBlocks, match="2-3"):
+            model(torch.tensor([[1, 2, 3]]))
+
+    await _with_model(model_dir, [(0, 2)], check)
+
+
+async def test_sliced_layers_and_gradients(tiny_dirs):
+    model_dir = tiny_dirs("llama")
+    local = _local(model_dir)
+
+    def check(model, swarm):
+        hidden = torch.randn(2, 4, 64, requires_grad=True)
+        out = model.model.layers[1:3](hidden)
+        ref_in = hidden.detach().clone().requires_grad_(True)
+        ref = ref_in
+        pos = torch.arange(4).unsqueeze(0).expand(2, -1)
+        emb = local.model.rotary_emb(ref, pos)
+        from transformers.masking_utils import create_causal_mask
+
+        causal = create_causal_mask(config=local.config, inputs_embeds=ref, attention_mask=None,
+                                    past_key_values=None, position_ids=pos)  # fmt: skip
+        for layer in local.model.layers[1:3]:
+            ref = layer(ref, attention_mask=causal, position_embeddings=emb, position_ids=pos)
+            ref = ref[0] if isinstance(ref, tuple) else ref
+        assert (out - ref).abs().max() < 1e-4
+        out.square().sum().backward()
+        ref.square().sum().backward()
+        assert (hidden.grad - ref_in.grad).abs().max() < 1e-4
+
+    await _with_model(model_dir, [(0, 2), (2, 4)], check)
