@@ -1,0 +1,141 @@
+"""The adapter contract: how one architecture family builds and runs its decoder layers.
+
+An adapter knows the checkpoint prefix of layer i, builds layer i on `meta` with its absolute
+`layer_idx`, and runs one layer given what `prepare` computed once per call (masks, rotary).
+It does not know about sessions, prompts or weights on disk: drift.models.span drives it.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from transformers import AutoModelForCausalLM, Cache
+from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+from drift.wire.errors import BadRequest
+
+MASK_FUNCTIONS = {
+    "full_attention": create_causal_mask,
+    "sliding_attention": create_sliding_window_causal_mask,
+}
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What one call over a list of layers needs besides the hidden states."""
+
+    layer_ids: tuple[int, ...]  # absolute indices of the layers to run, in order
+    mask_2d: torch.Tensor  # [B, past + T] 1 = token, 0 = left padding
+    position_ids: torch.Tensor  # [B, T] positions of the new tokens (from the mask's cumsum)
+    cache: Cache | None  # the session's cache, or None for a stateless pass
+
+
+class Adapter:
+    """Base adapter: finds the family's own classes from the `*ForCausalLM` of the config."""
+
+    layer_prefix: ClassVar[str] = "model.layers.{i}."
+    attn_implementation: ClassVar[str] = "sdpa"
+
+    def __init__(self, config: Any) -> None:
+        config = copy.deepcopy(config)
+        config._attn_implementation = self.attn_implementation
+        self.config = config
+        try:
+            lm_class = AutoModelForCausalLM._model_mapping[type(config)]
+        except KeyError as exc:
+            raise BadRequest(f"transformers has no causal LM for {config.model_type!r}") from exc
+        self.modeling = sys.modules[lm_class.__module__]
+        self.family = lm_class.__name__.removesuffix("ForCausalLM")
+        self.layer_class = getattr(self.modeling, lm_class._no_split_modules[0])
+        if getattr(config, "_experts_implementation", None) is None:
+            # What from_pretrained picks for MoE layers: grouped_mm where the model allows it.
+            can_set = getattr(lm_class, "_can_set_experts_implementation", lambda: False)
+            config._experts_implementation = "grouped_mm" if can_set() else "eager"
+
+    # --- structure -------------------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return int(self.config.num_hidden_layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.hidden_size)
+
+    def model_class(self, suffix: str) -> Any:
+        """The family's own class `<Family><suffix>`, e.g. LlamaRotaryEmbedding."""
+        return getattr(self.modeling, self.family + suffix)
+
+    def build_layer(self, index: int) -> torch.nn.Module:
+        """Layer `index` on the meta device, with its absolute layer_idx."""
+        with torch.device("meta"):
+            return self.layer_class(self.config, layer_idx=index)
+
+    def build_aux(self) -> torch.nn.Module:
+        """Parameter-free modules shared by the layers (rotary embeddings); on the cpu."""
+        return torch.nn.Module()
+
+    def layer_type(self, index: int) -> str:
+        layer_types = getattr(self.config, "layer_types", None)
+        return str(layer_types[index]) if layer_types else "full_attention"
+
+    # --- running ---------------------------------------------------------------------------
+    def prepare(self, aux: torch.nn.Module, hidden: torch.Tensor, ctx: RunContext) -> Any:
+        """Everything computed once per call for all layers (masks, rotary)."""
+        raise NotImplementedError
+
+    def call_layer(
+        self, layer: torch.nn.Module, index: int, hidden: torch.Tensor, prep: Any, ctx: RunContext
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+    # --- client head -----------------------------------------------------------------------
+    embed_name: ClassVar[str] = "model.embed_tokens.weight"
+    norm_prefix: ClassVar[str] = "model.norm."
+    embed_norm_prefix: ClassVar[str | None] = None
+
+    def build_final_norm(self) -> torch.nn.Module:
+        return self.model_class("RMSNorm")(self.hidden_size, eps=self.config.rms_norm_eps)
+
+    def build_embed_norm(self) -> torch.nn.Module | None:
+        return None
+
+    def embed_scale(self) -> float | None:
+        return None
+
+    def logit_softcap(self) -> float | None:
+        return None
+
+
+def build_masks(
+    config: Any, kinds: dict[str, int], hidden: torch.Tensor, ctx: RunContext, **extra: Any
+) -> dict[str, Any]:
+    """One mask per layer type, sized from the cache at the span's first layer of that type.
+
+    `kinds` maps a layer type to the absolute index of its first layer in this run (trap 2:
+    the helpers' default index is the model's first layer, empty in a span's cache).
+    """
+    masks: dict[str, Any] = {}
+    for kind, first in kinds.items():
+        if kind not in MASK_FUNCTIONS:
+            raise BadRequest(f"layer type {kind!r} is not supported")
+        masks[kind] = MASK_FUNCTIONS[kind](
+            config=config,
+            inputs_embeds=hidden,
+            attention_mask=ctx.mask_2d,
+            cache=ctx.cache,
+            position_ids=ctx.position_ids,
+            layer_idx=first if ctx.cache is not None else None,
+            **extra,
+        )
+    return masks
+
+
+def first_of_each_type(adapter: Adapter, layer_ids: tuple[int, ...]) -> dict[str, int]:
+    kinds: dict[str, int] = {}
+    for index in layer_ids:
+        kinds.setdefault(adapter.layer_type(index), index)
+    return kinds

@@ -1,0 +1,86 @@
+"""Two spans with their own sessions agree with the full transformers model, every family."""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from tests.models.conftest import Tiny
+
+TOL = 1e-5
+
+
+def _run_spans(tiny: Tiny, sessions, ids: torch.Tensor, **step_kwargs) -> torch.Tensor:
+    hidden = tiny.head.embed(ids)
+    for session in sessions:
+        hidden = session.step(hidden, **step_kwargs)
+    return tiny.head.logits(hidden)
+
+
+def test_prompt_then_single_tokens_match_full_model(tiny: Tiny) -> None:
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 256, (1, 7), generator=gen)  # longer than every sliding window (4)
+    cache = DynamicCache(config=tiny.reference.config)
+    sessions = [span.new_session(batch_size=1, max_length=16) for span in tiny.spans]
+    with torch.no_grad():
+        for _ in range(6):  # the prompt, then 5 single tokens fed back greedily
+            ref = tiny.reference(input_ids=ids, cache=cache, use_cache=True).logits
+            got = _run_spans(tiny, sessions, ids)
+            torch.testing.assert_close(got, ref, atol=TOL, rtol=0)
+            ids = got[:, -1:].argmax(-1)
+            assert torch.equal(ids, ref[:, -1:].argmax(-1))
+    assert [s.position for s in sessions] == [12, 12]
+
+
+def test_several_tokens_per_step(tiny: Tiny) -> None:
+    ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = tiny.reference(input_ids=ids).logits
+        sessions = [span.new_session(batch_size=2, max_length=9) for span in tiny.spans]
+        got = torch.cat(
+            [_run_spans(tiny, sessions, ids[:, a:b]) for a, b in ((0, 3), (3, 4), (4, 9))], dim=1
+        )
+    torch.testing.assert_close(got, ref, atol=TOL, rtol=0)
+
+
+def test_stateless_forward_matches_full_model(tiny: Tiny) -> None:
+    ids = torch.randint(0, 256, (2, 6), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref = tiny.reference(input_ids=ids).logits
+        hidden = tiny.head.embed(ids)
+        for span in tiny.spans:
+            hidden = span(hidden)
+    torch.testing.assert_close(tiny.head.logits(hidden), ref, atol=TOL, rtol=0)
+
+
+def test_sub_spans_compose(tiny: Tiny) -> None:
+    """A loaded span serves any sub-span; running its parts in turn equals running it whole."""
+    span = tiny.spans[1]
+    if span.end_block - span.start_block < 2:
+        span = tiny.spans[0]
+    mid = span.start_block + 1
+    hidden = torch.randn(
+        1, 5, tiny.reference.config.hidden_size, generator=torch.Generator().manual_seed(4)
+    )
+    whole = span(hidden)
+    parts = span(span(hidden, end_block=mid), start_block=mid)
+    torch.testing.assert_close(parts, whole, atol=1e-6, rtol=0)
+    first = span.new_session(batch_size=1, max_length=8, end_block=mid)
+    second = span.new_session(batch_size=1, max_length=8, start_block=mid)
+    torch.testing.assert_close(second.step(first.step(hidden)), whole, atol=1e-6, rtol=0)
+
+
+def test_span_parameters_are_its_blocks_only(tiny: Tiny) -> None:
+    layers = tiny.reference.base_model.get_submodule(
+        "h" if hasattr(tiny.reference.base_model, "h") else "layers"
+    )
+    for span in tiny.spans:
+        expected = sum(
+            p.numel()
+            for i in range(span.start_block, span.end_block)
+            for p in layers[i].parameters()
+        )
+        assert span.num_parameters() == expected
+        assert sum(p.numel() for p in span.parameters()) == expected
+    total = sum(p.numel() for p in tiny.reference.parameters())
+    assert tiny.spans[0].num_parameters() + tiny.spans[1].num_parameters() < total
