@@ -20,9 +20,9 @@ class MembershipTable:
 
     def __init__(self, self_peer_id: str | None = None) -> None:
         self.self_peer_id = self_peer_id
+        # An expired record is forgotten with its seq: replaying an older record of the
+        # same peer cannot revive it, since the older record expired even earlier.
         self._records: dict[str, PeerRecord] = {}
-        # highest seq ever accepted per peer: an expired peer's old records stay stale
-        self._high_seq: dict[str, int] = {}
         self.rejected: Counter[str] = Counter()
 
     def __len__(self) -> int:
@@ -47,15 +47,15 @@ class MembershipTable:
         if record.expires_at <= now:
             self.rejected["expired"] += 1
             return False
-        if record.seq <= self._high_seq.get(record.peer_id, -1):
-            if record.seq < self._high_seq[record.peer_id]:
+        held = self._records.get(record.peer_id)
+        if held is not None and record.seq <= held.seq:
+            if record.seq < held.seq:
                 self.rejected["stale"] += 1
             return False
         if not record.verify():
             self.rejected["bad_signature"] += 1
             return False
         self._records[record.peer_id] = record
-        self._high_seq[record.peer_id] = record.seq
         return True
 
     def merge_wire(self, items: Iterable[Any], now: float, *, skip: str | None = None) -> int:

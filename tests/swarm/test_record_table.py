@@ -91,8 +91,8 @@ def test_expired_records_dropped_and_not_accepted() -> None:
     assert table.rejected["expired"] == 1
     assert table.merge(rec, NOW) and table.live(NOW) == [rec]
     assert table.expire(NOW + 2) == [rec.peer_id] and len(table) == 0
-    # after expiry an old record of the same peer is still stale
-    assert not table.merge(dataclasses.replace(rec), NOW)
+    # after expiry, replaying the record (or any older one) cannot revive the peer
+    assert not table.merge(rec, NOW + 2) and table.rejected["expired"] == 2
 
 
 def test_offline_is_not_live_and_merge_wire_counts_malformed() -> None:

@@ -1,0 +1,28 @@
+"""NodeConfig: everything a membership node needs to know, built once by drift/cli."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from drift import __version__
+from drift.identity import JoinToken
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    host: str = "127.0.0.1"  # listen address
+    port: int = 0  # listen port; 0 = any free port
+    public_addrs: tuple[str, ...] = ()  # http://host:port URLs peers reach us at; () = derive
+    public_ip: str | None = None  # with public_addrs empty: announce http://<public_ip>:<port>
+    initial_peers: tuple[JoinToken, ...] = ()  # seeds to join through
+    swarm_key: str | None = None  # shared secret of a private swarm; None = open swarm
+    gossip_interval_s: float = 5.0  # mean time between gossip rounds, seconds
+    gossip_jitter: float = 0.25  # each wait is interval * (1 +- jitter)
+    fanout: int = 3  # random live peers contacted per round
+    record_ttl_s: float = 30.0  # our record expires this long after each re-signing, seconds
+    request_timeout_s: float = 5.0  # total timeout of one gossip request, seconds
+    leave_timeout_s: float = 2.0  # time allowed to publish the offline record, seconds
+    auth_max_skew_s: float = 60.0  # HMAC timestamps older/newer than this are refused, seconds
+    max_gossip_records: int = 10_000  # records accepted in one gossip body
+    client_max_size: int = 1 << 20  # largest request body the app accepts, bytes
+    version: str = __version__  # DRIFT version announced in records and /health
