@@ -1,0 +1,142 @@
+"""The narrow engine the API drives: a transformers-compatible causal LM plus its tokenizer.
+
+`CausalLMEngine` works the same on a local `AutoModelForCausalLM` and on DRIFT's
+`AutoDistributedModelForCausalLM`: it only calls `generate()` with logits processors and a
+stopping criterion, one choice at a time, and reports each new token through a callback.
+`generate` is blocking (run it on an executor); it knows nothing of HTTP or asyncio.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import LogitsProcessorList, StoppingCriteriaList
+
+from drift.api.protocol import ChatMessage
+from drift.api.sampling import LogprobRecorder, PenaltyProcessor, SeededSampler, TokenTap
+from drift.wire.errors import BadRequest
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    max_new_tokens: int
+    temperature: float  # 0 = greedy
+    top_p: float
+    presence_penalty: float
+    frequency_penalty: float
+    top_logprobs: int | None  # None = no log-probs; k = chosen token plus k alternatives
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    token_id: int
+    logprob: float | None  # log-probability under the model (None when not asked)
+    top: tuple[tuple[int, float], ...]  # best alternatives (token id, log-prob)
+
+
+class CausalLMEngine:
+    def __init__(
+        self, model: Any, tokenizer: Any, *, model_id: str, context_length: int | None = None
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.model_id = model_id
+        config = model.config
+        self.context_length = int(
+            context_length
+            or getattr(config, "max_position_embeddings", None)
+            or getattr(config, "n_positions", None)
+            or 2048
+        )
+        eos: set[int] = set()
+        for source in (
+            tokenizer.eos_token_id,
+            getattr(model.generation_config, "eos_token_id", None),
+        ):
+            if isinstance(source, int):
+                eos.add(source)
+            elif isinstance(source, (list, tuple)):
+                eos.update(int(t) for t in source)
+        self.eos_token_ids = frozenset(eos)
+        pad = tokenizer.pad_token_id
+        self.pad_token_id = pad if pad is not None else (min(eos) if eos else 0)
+
+    # -- text <-> ids -------------------------------------------------------------------
+    def chat_prompt(self, messages: Sequence[ChatMessage]) -> list[int]:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise BadRequest(
+                f"model {self.model_id!r} has no chat template; use /v1/completions with a "
+                "plain prompt instead",
+                param="messages",
+            )
+        text = self.tokenizer.apply_chat_template(
+            [{"role": m.role, "content": m.content} for m in messages],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text)["input_ids"])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+    # -- generation ---------------------------------------------------------------------
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        params: GenerationParams,
+        generator: torch.Generator,
+        on_token: Callable[[TokenEvent], None],
+        cancel: threading.Event,
+    ) -> None:
+        """Generate one choice, calling `on_token` for every new token (EOS included)."""
+        input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long)  # [1, P]
+        processors = LogitsProcessorList()
+        recorder = LogprobRecorder() if params.top_logprobs is not None else None
+        if recorder is not None:
+            processors.append(recorder)
+        if params.presence_penalty or params.frequency_penalty:
+            processors.append(
+                PenaltyProcessor(len(prompt_ids), params.presence_penalty, params.frequency_penalty)
+            )
+        if params.temperature > 0:
+            processors.append(SeededSampler(params.temperature, params.top_p, generator))
+
+        def tap(token_id: int) -> None:
+            on_token(self._event(token_id, recorder, params.top_logprobs))
+
+        with torch.inference_mode():
+            self.model.generate(
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                max_new_tokens=params.max_new_tokens,
+                do_sample=False,  # sampling, when asked, is SeededSampler's job
+                num_beams=1,
+                eos_token_id=sorted(self.eos_token_ids) or None,
+                pad_token_id=self.pad_token_id,
+                logits_processor=processors,
+                stopping_criteria=StoppingCriteriaList([TokenTap(tap, cancel)]),
+            )
+
+    @staticmethod
+    def _event(token_id: int, recorder: LogprobRecorder | None, k: int | None) -> TokenEvent:
+        if recorder is None or recorder.last is None:
+            return TokenEvent(token_id, None, ())
+        logprobs = recorder.last  # [V]
+        top: tuple[tuple[int, float], ...] = ()
+        if k:
+            values, indices = logprobs.topk(k)
+            top = tuple(zip(indices.tolist(), values.tolist(), strict=True))
+        return TokenEvent(token_id, float(logprobs[token_id]), top)

@@ -1,0 +1,200 @@
+"""Run OpenAI-style generation requests against an engine, off the event loop.
+
+`GenerationService` admits requests (at most `max_concurrent` generate at once, at most
+`queue_size` wait, the rest get `Busy`), runs each choice's `generate()` on an executor
+thread and streams its tokens back through an asyncio queue as text deltas, applying
+stop strings. Closing the iterator cancels the generation before its next token and waits
+for the thread, so the request's sessions are freed before its slot is. No HTTP here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import threading
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from drift.api.engine import CausalLMEngine, GenerationParams, TokenEvent
+from drift.api.protocol import SamplingOptions
+from drift.api.textstream import StopTextStream
+from drift.wire.errors import Busy, LengthExceeded, NotFound
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    max_concurrent: int = 4  # requests generating at once (each holds its own sessions)
+    queue_size: int = 32  # requests allowed to wait for a slot; more get HTTP 429
+    default_max_tokens: int = 512  # new tokens per choice when a request names none
+
+
+@dataclass(frozen=True)
+class Delta:
+    index: int  # choice index
+    text: str  # newly released text (may be empty)
+    tokens: tuple[TokenEvent, ...]  # tokens consumed since the previous delta
+
+
+@dataclass(frozen=True)
+class Finish:
+    index: int
+    reason: str  # "stop" | "length"
+    completion_tokens: int
+
+
+_DONE = object()
+
+
+class GenerationService:
+    def __init__(self, engine: CausalLMEngine, config: ServiceConfig) -> None:
+        if config.max_concurrent < 1 or config.queue_size < 0:
+            raise ValueError("max_concurrent must be >= 1 and queue_size >= 0")
+        self.engine = engine
+        self.config = config
+        self.executor = ThreadPoolExecutor(config.max_concurrent, thread_name_prefix="drift-api")
+        self._slots = asyncio.Semaphore(config.max_concurrent)
+        self.waiting = 0  # requests queued for a slot
+        self.active = 0  # generate() calls running on the executor
+        self.tokens_generated = 0  # all tokens produced since start (written by the threads)
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True, cancel_futures=True)
+
+    def check_model(self, model: str) -> None:
+        if model != self.engine.model_id:
+            raise NotFound(
+                f"the model {model!r} does not exist; this server serves {self.engine.model_id!r}",
+                param="model",
+            )
+
+    def params_for(self, prompt_ids: Sequence[int], options: SamplingOptions) -> GenerationParams:
+        """Check the prompt fits the context and size the completion."""
+        room = self.engine.context_length - len(prompt_ids)
+        wanted = options.max_tokens
+        if wanted is None and room >= 1:
+            wanted = min(self.config.default_max_tokens, room)
+        if not prompt_ids or wanted is None or wanted > room:
+            asked = options.max_tokens or 1
+            raise LengthExceeded(
+                f"this model's maximum context length is {self.engine.context_length} tokens; "
+                f"you asked for {len(prompt_ids) + asked} tokens ({len(prompt_ids)} in the "
+                f"prompt, {asked} for the completion). Shorten the prompt or max_tokens.",
+                param="max_tokens" if options.max_tokens is not None else "messages",
+            )
+        return GenerationParams(
+            max_new_tokens=wanted,
+            temperature=options.temperature,
+            top_p=options.top_p,
+            presence_penalty=options.presence_penalty,
+            frequency_penalty=options.frequency_penalty,
+            top_logprobs=options.logprobs,
+        )
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """Hold one of `max_concurrent` slots; Busy when the queue in front of them is full."""
+        if self._slots.locked() and self.waiting >= self.config.queue_size:
+            raise Busy(
+                f"the server is busy: {self.config.max_concurrent} requests are generating and "
+                f"{self.waiting} are waiting; retry later"
+            )
+        self.waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self.waiting -= 1
+        try:
+            yield
+        finally:
+            self._slots.release()
+
+    async def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: Sequence[GenerationParams],
+        options: SamplingOptions,
+    ) -> AsyncIterator[Delta | Finish]:
+        """Every choice of every prompt, one after the other (index = prompt * n + choice)."""
+        seed = options.seed if options.seed is not None else secrets.randbits(63)
+        generator = torch.Generator().manual_seed(seed % 2**63)
+        for p, (prompt_ids, p_params) in enumerate(zip(prompts, params, strict=True)):
+            for j in range(options.n):
+                index = p * options.n + j
+                choice = self._choice(index, prompt_ids, p_params, options.stop, generator)
+                async with contextlib.aclosing(choice) as events:
+                    async for event in events:
+                        yield event
+
+    async def _choice(
+        self,
+        index: int,
+        prompt_ids: Sequence[int],
+        params: GenerationParams,
+        stops: Sequence[str],
+        generator: torch.Generator,
+    ) -> AsyncIterator[Delta | Finish]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[object] = asyncio.Queue()
+        cancel = threading.Event()
+
+        def on_token(event: TokenEvent) -> None:
+            self.tokens_generated += 1
+            loop.call_soon_threadsafe(queue.put_nowait, event)
+
+        def job() -> None:
+            try:
+                self.engine.generate(prompt_ids, params, generator, on_token, cancel)
+            finally:
+                loop.call_soon_threadsafe(queue.put_nowait, _DONE)
+
+        self.active += 1
+        future = loop.run_in_executor(self.executor, job)
+        try:
+            async for event in self._consume(index, queue, future, params, stops, cancel):
+                yield event
+        finally:
+            cancel.set()
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(future)
+            self.active -= 1
+
+    async def _consume(
+        self,
+        index: int,
+        queue: asyncio.Queue[object],
+        future: asyncio.Future[None],
+        params: GenerationParams,
+        stops: Sequence[str],
+        cancel: threading.Event,
+    ) -> AsyncIterator[Delta | Finish]:
+        text = StopTextStream(self.engine.decode, stops)
+        pending: list[TokenEvent] = []
+        count, reason = 0, None
+        while (item := await queue.get()) is not _DONE:
+            assert isinstance(item, TokenEvent)
+            if reason is not None:
+                continue  # tokens generated after we asked generate() to stop
+            count += 1
+            if item.token_id in self.engine.eos_token_ids:
+                reason = "stop"
+                cancel.set()
+                continue
+            pending.append(item)
+            new = text.push(item.token_id)
+            if text.stopped:
+                reason = "stop"
+                cancel.set()
+            if new or reason is not None:
+                yield Delta(index, new, tuple(pending))
+                pending = []
+        await future  # raises what generate() raised (MissingBlocks, ...)
+        if reason is None:
+            reason = "length" if count >= params.max_new_tokens else "stop"
+            new = text.finish()
+            if new or pending:
+                yield Delta(index, new, tuple(pending))
+        yield Finish(index, reason, count)
