@@ -119,13 +119,18 @@ async def _read_body(request: web.Request, limit: int) -> tuple[bytes, bool]:
     """The body (zstd undone), refused past `limit` bytes before it is all read."""
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(f"body of {request.content_length} bytes exceeds {limit}")
-    chunks, size = [], 0
-    async for chunk in request.content.iter_any():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-    body = b"".join(chunks)
+    # The swarm-key middleware may have read the body already (request.read() caches it).
+    body = getattr(request, "_read_bytes", None)
+    if body is None:
+        chunks, size = [], 0
+        async for chunk in request.content.iter_any():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+        body = b"".join(chunks)
+    elif len(body) > limit:
+        raise PayloadTooLarge(f"body of {len(body)} bytes exceeds {limit}")
     encoding = request.headers.get("Content-Encoding", "").lower()
     if encoding == "zstd":
         # aiohttp may have decoded it already (auto_decompress): only a zstd magic remains

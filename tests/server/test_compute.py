@@ -111,3 +111,42 @@ async def test_blocks_describes_the_span(two):
     assert info["model_fingerprint"] == b.server.backend.fingerprint
     assert info["cache_tokens_total"] == info["cache_tokens_left"] == 8192
     assert info["active_sessions"] == 0 and info["throughput"] == 100.0
+
+
+async def test_large_body_and_announced_record(servers, tiny_llama):
+    running = await servers(tiny_llama, 1, 3, swarm_key="sekret")
+    fp = running.server.backend.fingerprint
+    record = running.node.record
+    assert (record.start_block, record.end_block, record.model_fingerprint) == (1, 3, fp)
+    assert record.cache_tokens_left == 8192 and record.throughput == 100.0
+    hidden = torch.randn(4, 2000, 64)  # 2 MB, past aiohttp's default body limit
+    req = m.ForwardRequest(fp, 1, 3, hidden)
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{running.url}/forward", data=m.encode(req)) as resp:
+            assert resp.status == 401  # the swarm key gates compute routes
+        http.headers["Authorization"] = "Bearer sekret"
+        reply = await post(http, f"{running.url}/forward", req, m.ForwardResponse)
+    assert torch.allclose(reply.hidden_states, running.server.backend.span.forward(hidden))
+
+
+async def test_metrics_count_requests_and_steps(two):
+    from tests.server.wsclient import RawSession
+
+    a, _ = two
+    fp = a.server.backend.fingerprint
+    async with aiohttp.ClientSession() as http:
+        sess = await RawSession.open(http, a.url, fp, 0, 2)
+        await sess.step(torch.randn(1, 2, 64), 0)
+        await post(http, f"{a.url}/forward", m.ForwardRequest(fp, 0, 2, torch.randn(1, 1, 64)),
+                   m.ForwardResponse)  # fmt: skip
+        async with http.post(f"{a.url}/forward", data=b"junk") as resp:
+            assert resp.status == 400
+        async with http.get(f"{a.url}/metrics") as resp:
+            text = await resp.text()
+        await sess.close()
+    assert 'drift_requests_total{route="/forward",status="200"} 1' in text
+    assert 'drift_requests_total{route="/forward",status="400"} 1' in text
+    assert 'drift_requests_total{route="/inference:step",status="200"} 1' in text
+    assert "drift_step_latency_seconds_count 1" in text
+    assert "drift_active_sessions 1" in text
+    assert "drift_cache_tokens_in_use 128" in text  # 64 tokens x 1 x 2 blocks
