@@ -1,0 +1,177 @@
+"""`drift generate`: greedy (or sampled) text from a swarm, streamed to the terminal.
+
+Opens the model's client pieces locally (embeddings, head, tokenizer), wraps the prompt in
+the chat template when the tokenizer has one, and streams tokens through a TextStreamer
+while the swarm runs the blocks. Knows nothing about serving.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from drift.cli.status import read_swarm
+from drift.identity.tokens import JoinToken, parse_join_tokens
+from drift.wire.errors import BadRequest, DriftError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="generate text through a swarm",
+        description="Generate a reply to PROMPT with the swarm's model, streaming tokens.",
+    )
+    p.add_argument("prompt", help="the prompt (wrapped in the chat template when there is one)")
+    p.add_argument(
+        "--initial_peers",
+        required=True,
+        nargs="+",
+        help="join tokens (drift://... or multiaddrs) of peers in the swarm",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="alias, local dir, .gguf or Hub id of the model (default: the swarm's model)",
+    )
+    p.add_argument(
+        "--max_new_tokens", type=int, default=64, help="tokens to generate (default: 64)"
+    )
+    p.add_argument("--do_sample", action="store_true", help="sample instead of greedy decoding")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    p.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling threshold")
+    p.add_argument("--no_chat_template", action="store_true", help="use the prompt as is")
+    p.add_argument("--swarm_key", default=None, help="the swarm's secret key, if not in the token")
+    p.add_argument("--cache_dir", default=None, help="where converted checkpoints are cached")
+    p.add_argument("--torch_dtype", default="float32", help="client dtype (default: float32)")
+    p.set_defaults(func=run)
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    text: str  # the generated text only (no prompt)
+    new_tokens: int  # tokens generated
+    seconds: float  # wall time of the generation
+    route: list[tuple[str, str, int, int]] = field(default_factory=list)  # (peer, addr, start, end)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def swarm_model_name(tokens: tuple[JoinToken, ...], swarm_key: str | None) -> str:
+    """A name open_checkpoint understands for the one model the swarm serves."""
+    from drift.models.sources.aliases import ALIASES
+
+    snap = read_swarm(tokens, swarm_key=swarm_key)
+    names = [str(c.get("model")) for c in snap.coverages if c.get("model")]
+    if not names:
+        raise BadRequest("the swarm serves no model yet; start a server with `drift up`")
+    if len(names) > 1:
+        raise BadRequest(
+            f"the swarm serves several models ({', '.join(names)}); pick one with --model"
+        )
+    for alias, entry in ALIASES.items():
+        if entry.name == names[0]:
+            return alias
+    return names[0]
+
+
+def encode_prompt(tokenizer: Any, prompt: str, *, chat: bool = True) -> Any:
+    """input_ids [1, P]: the chat template with a generation prompt when the tokenizer has one."""
+    if chat and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+            return_tensors="pt",
+        )
+        return ids["input_ids"]
+    return tokenizer(prompt, return_tensors="pt")["input_ids"]
+
+
+def load_client(model: str, tokens: tuple[JoinToken, ...], *, swarm_key: str | None,
+                cache_dir: str | None, torch_dtype: str) -> tuple[Any, Any]:  # fmt: skip
+    """(distributed model, tokenizer) for `model`, routed through the swarm behind `tokens`."""
+    from transformers import AutoTokenizer
+
+    from drift.client import AutoDistributedModelForCausalLM
+    from drift.models.checkpoint import open_checkpoint
+
+    cache = Path(cache_dir) if cache_dir else None
+    ckpt = open_checkpoint(model, cache_dir=cache, blocks=range(0))
+    tokenizer = AutoTokenizer.from_pretrained(ckpt.path)
+    dist = AutoDistributedModelForCausalLM.from_pretrained(
+        model,
+        initial_peers=list(tokens),
+        swarm_key=swarm_key,
+        cache_dir=cache,
+        torch_dtype=torch_dtype,
+    )
+    return dist, tokenizer
+
+
+def generate(model: Any, tokenizer: Any, prompt: str, *, max_new_tokens: int,
+             stream: bool = True, chat: bool = True, **sampling: Any) -> GenerateResult:  # fmt: skip
+    """Generate a reply; with `stream`, tokens are printed to stdout as they arrive."""
+    import torch
+    from transformers import TextStreamer
+
+    input_ids = encode_prompt(tokenizer, prompt, chat=chat)  # [1, P]
+    streamer = (
+        TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True) if stream else None
+    )
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    start = time.perf_counter()
+    max_length = int(input_ids.shape[1]) + max_new_tokens
+    with torch.inference_mode(), model.inference_session(max_length=max_length) as session:
+        out = model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=max_new_tokens,
+            streamer=streamer,
+            pad_token_id=pad,
+            **sampling,
+        )
+        route = [(s.hop.peer_id, s.hop.addr, s.hop.start_block, s.hop.end_block)
+                 for s in session.spans]  # fmt: skip
+    seconds = time.perf_counter() - start
+    new = out[0, input_ids.shape[1] :]  # [N]
+    text = tokenizer.decode(new, skip_special_tokens=True)
+    return GenerateResult(text, int(new.numel()), seconds, route)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.max_new_tokens < 1:
+        print("drift generate: --max_new_tokens must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        tokens = parse_join_tokens(args.initial_peers)
+        model_name = args.model or swarm_model_name(tokens, args.swarm_key)
+        print(f"loading the client side of {model_name} ...", file=sys.stderr, flush=True)
+        model, tokenizer = load_client(
+            model_name,
+            tokens,
+            swarm_key=args.swarm_key,
+            cache_dir=args.cache_dir,
+            torch_dtype=args.torch_dtype,
+        )
+        sampling: dict[str, Any] = {"do_sample": args.do_sample}
+        if args.do_sample:
+            sampling.update(temperature=args.temperature, top_p=args.top_p)
+        try:
+            result = generate(
+                model, tokenizer, args.prompt, max_new_tokens=args.max_new_tokens,
+                chat=not args.no_chat_template, **sampling,
+            )  # fmt: skip
+        finally:
+            model.close()
+    except DriftError as exc:
+        print(f"drift generate: {exc.message}", file=sys.stderr)
+        return 1
+    print(f"[{result.new_tokens} tokens, {result.tokens_per_s:.1f} tokens/s]", file=sys.stderr)
+    return 0

@@ -1,0 +1,279 @@
+"""`drift up [MODEL] [--join TOKEN]`: serve as many blocks as fit, in a new or existing swarm.
+
+A stable identity (under the cache dir) and a stable port (31337) keep the printed join
+command valid across restarts. The block count comes from free memory unless pinned; the
+span is where the swarm is weakest, after a short random delay. Composes drift.node and
+drift.server; the background loops (coverage reports, re-balancing) live in _up_loops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from drift.cli._net import DEFAULT_PORT, check_port_free, join_command
+from drift.cli.procs import process_record, resolve_cache_dir
+from drift.wire.errors import BadRequest, DriftError
+
+DEMO_MODEL = "smollm2"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "up",
+        help="serve a model's blocks: start a new swarm, or --join one",
+        description="Serve as many of MODEL's blocks as fit on this machine. Without --join "
+        "it starts a new swarm and prints the command other machines run to join it.",
+    )
+    p.add_argument(
+        "model",
+        nargs="?",
+        default=DEMO_MODEL,
+        help=f"alias, local dir, .gguf file or Hub id (default: {DEMO_MODEL})",
+    )
+    p.add_argument(
+        "--join",
+        "--initial_peers",
+        dest="join",
+        nargs="+",
+        default=None,
+        metavar="TOKEN",
+        help="join tokens (drift://...) of the swarm to join",
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"listen port (default: {DEFAULT_PORT}; 0 = any free port)",
+    )
+    p.add_argument("--host", default="0.0.0.0", help="listen address (default: 0.0.0.0)")
+    p.add_argument(
+        "--host_maddrs",
+        default=None,
+        help="listen multiaddr, e.g. /ip4/0.0.0.0/tcp/31337 (overrides --host/--port)",
+    )
+    p.add_argument("--public_ip", default=None, help="address to announce (default: LAN address)")
+    p.add_argument(
+        "--identity_path", default=None, help="Ed25519 key file (default: <cache_dir>/identity.key)"
+    )
+    p.add_argument(
+        "--cache_dir",
+        default=None,
+        help="cache dir: converted models, identity, process records "
+        "(default: $DRIFT_CACHE or ~/.cache/drift)",
+    )
+    p.add_argument(
+        "--num_blocks",
+        type=int,
+        default=None,
+        help="how many blocks to serve (default: as many as fit in free memory)",
+    )
+    p.add_argument("--block_indices", default=None, help="serve exactly these blocks, e.g. 0:15")
+    p.add_argument("--torch_dtype", default="auto", help="float32 | float16 | bfloat16 | auto")
+    p.add_argument(
+        "--quant_type",
+        default="none",
+        choices=["none", "int8", "nf4"],
+        help="weight quantization (default: none)",
+    )
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:i] | xpu | mps")
+    p.add_argument(
+        "--attn_cache_tokens",
+        type=int,
+        default=8192,
+        help="KV-cache tokens reserved per served block (default: 8192)",
+    )
+    p.add_argument("--max_batch_size", type=int, default=8, help="sequences per request")
+    p.add_argument(
+        "--inference_max_length",
+        type=int,
+        default=2048,
+        help="longest session a client may open, in tokens",
+    )
+    p.add_argument(
+        "--throughput",
+        type=float,
+        default=None,
+        help="announced block-tokens/s (default: measured once and cached)",
+    )
+    p.add_argument("--swarm_key", default=None, help="secret of a private swarm")
+    p.add_argument(
+        "--start_delay",
+        type=float,
+        default=3.0,
+        help="max random delay before picking blocks, seconds (default: 3)",
+    )
+    p.add_argument(
+        "--balance_quality",
+        type=float,
+        default=0.5,
+        help="re-balance when min/max block throughput falls below this (0 = never)",
+    )
+    p.add_argument(
+        "--mean_balance_check_period",
+        type=float,
+        default=60.0,
+        help="mean seconds between balance checks (default: 60)",
+    )
+    p.set_defaults(func=run)
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def parse_block_indices(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    start, colon, end = text.partition(":")
+    if not colon or not start.strip().isdigit() or not end.strip().isdigit():
+        raise BadRequest(f"--block_indices {text!r} must look like START:END, e.g. 0:15")
+    return int(start), int(end)
+
+
+def listen_address(args: argparse.Namespace) -> tuple[str, int]:
+    if args.host_maddrs:
+        from drift.identity.tokens import parse_listen_maddr
+
+        return parse_listen_maddr(args.host_maddrs)
+    return args.host, args.port
+
+
+def swarm_records(tokens: tuple[Any, ...], swarm_key: str | None) -> list[Any]:
+    """The live records of the swarm behind `tokens`, verified (for picking our span)."""
+    from drift.cli.status import read_swarm
+    from drift.swarm import PeerRecord
+
+    snap = read_swarm(tokens, swarm_key=swarm_key)
+    now = time.time()
+    out = []
+    for raw in snap.records:
+        try:
+            rec = PeerRecord.from_wire(raw)
+        except DriftError:
+            continue
+        if rec.verify() and rec.state == "online" and rec.expires_at > now:
+            out.append(rec)
+    return out
+
+
+def pick_num_blocks(args: argparse.Namespace, ckpt: Any, cache: Path) -> int | None:
+    """--num_blocks, or the memory-based count (None when --block_indices pins the span)."""
+    if args.block_indices is not None:
+        return None
+    if args.num_blocks is not None:
+        return int(args.num_blocks)
+    from drift.cli._capacity import choose_num_blocks
+    from drift.models.devices import parse_dtype, pick_device
+
+    device = pick_device(args.device)
+    dtype = parse_dtype(args.torch_dtype, device)
+    cap = choose_num_blocks(ckpt.config, device, dtype, quant=args.quant_type,
+                            cache_tokens=args.attn_cache_tokens)  # fmt: skip
+    say(f"memory: {cap.explain()}")
+    return cap.num_blocks
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except DriftError as exc:
+        print(f"drift up: {exc.message}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    from drift.identity import load_or_create_identity
+    from drift.identity.tokens import parse_join_tokens
+
+    cache = resolve_cache_dir(args.cache_dir)
+    host, port = listen_address(args)
+    check_port_free(host, port)  # before minutes of loading, not after
+    identity_path = (
+        Path(args.identity_path).expanduser() if args.identity_path else cache / "identity.key"
+    )
+    identity = load_or_create_identity(identity_path)
+    tokens = parse_join_tokens(args.join) if args.join else ()
+    span = parse_block_indices(args.block_indices)
+    if args.quant_type != "none":
+        raise BadRequest("--quant_type int8/nf4 is not supported by the block server yet; use none")
+    say(f"peer id {identity.peer_id} (identity {identity_path})")
+    with process_record("up", cache_dir=cache, peer_id=identity.peer_id, model=args.model) as rec:
+        # Until the server runs, SIGTERM (drift down) ends the process through `finally`.
+        signal.signal(signal.SIGTERM, _exit_on_signal)
+        return _load_and_serve(args, rec, identity, tokens, span, cache, host, port)
+
+
+def _exit_on_signal(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _load_and_serve(args: argparse.Namespace, rec: Any, identity: Any, tokens: tuple[Any, ...],
+                    span: tuple[int, int] | None, cache: Path, host: str, port: int) -> int:  # fmt: skip
+
+    from drift.models.checkpoint import open_checkpoint
+
+    say(f"opening {args.model} (converted once, then cached under {cache}) ...")
+    ckpt = open_checkpoint(args.model, cache_dir=cache)
+    num_blocks = pick_num_blocks(args, ckpt, cache)
+    records: list[Any] = []
+    if tokens:
+        if span is None and args.start_delay > 0:
+            delay = random.uniform(0, args.start_delay)
+            say(f"waiting {delay:.1f}s so servers starting together pick different blocks ...")
+            time.sleep(delay)
+        say(f"reading the swarm from {tokens[0].to_drift(with_key=False)} ...")
+        records = swarm_records(tokens, args.swarm_key)
+    return serve(args, rec, identity, tokens, ckpt, cache, span, num_blocks, records, host, port)
+
+
+def serve(args: argparse.Namespace, rec: Any, identity: Any, tokens: tuple[Any, ...], ckpt: Any,
+          cache: Path, span: tuple[int, int] | None, num_blocks: int | None,
+          records: list[Any], host: str, port: int) -> int:  # fmt: skip
+    from drift.cli._up_loops import start_loops
+    from drift.node.app import build_node_app
+    from drift.node.config import NodeConfig
+    from drift.node.membership import MembershipNode
+    from drift.node.runner import RunningApp, run_node
+    from drift.server.build import attach_server, load_server
+    from drift.server.config import ServerConfig
+
+    config = ServerConfig(
+        model=args.model, start_block=span[0] if span else None,
+        end_block=span[1] if span else None, num_blocks=num_blocks, device=args.device,
+        torch_dtype=args.torch_dtype, attn_cache_tokens=args.attn_cache_tokens,
+        max_batch_size=args.max_batch_size, inference_max_length=args.inference_max_length,
+        throughput=args.throughput, cache_dir=cache,
+    )  # fmt: skip
+    say("loading blocks (weights are read block by block) ...")
+    t0 = time.perf_counter()
+    server = load_server(config, records=records)
+    b = server.backend
+    say(f"loaded blocks [{b.start_block}, {b.end_block}) of {b.model_name} ({b.num_model_blocks} "
+        f"blocks) as {b.dtype_name} in {time.perf_counter() - t0:.1f}s; "
+        f"throughput {server.throughput:.1f} block-tokens/s")  # fmt: skip
+    node_config = NodeConfig(host=host, port=port, public_ip=args.public_ip,
+                             initial_peers=tokens, swarm_key=args.swarm_key)  # fmt: skip
+    node = MembershipNode(identity, node_config)
+    app = build_node_app(node)
+    attach_server(app, server, node)
+
+    loops: list[Any] = []  # keeps the background tasks referenced
+
+    async def on_started(running: RunningApp) -> None:
+        token = node.join_token()
+        rec.update(port=running.port, extra={**rec.record.extra, "join_token": str(token)})
+        say(f"serving blocks [{b.start_block}, {b.end_block}) on port {running.port}")
+        say("to add another machine to this swarm, run there:")
+        say(f"  {join_command(args.model, str(token))}")
+        say(f"dashboard: {node.addrs[0]}/")
+        loops.extend(start_loops(app, node, server, ckpt, args))
+
+    run_node(app, host, port, on_started=on_started)
+    say("stopped")
+    return 0
