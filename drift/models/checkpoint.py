@@ -133,10 +133,10 @@ def _open_gguf(gguf: Path, cache_dir: Path, name: str | None = None) -> Checkpoi
     return Checkpoint(directory, name=name or gguf.stem, revision=cached_revision(directory))
 
 
-def _open_dir(directory: Path, cache_dir: Path) -> Checkpoint:
+def _open_dir(directory: Path, cache_dir: Path, revision: str | None) -> Checkpoint:
     if not (directory / "config.json").is_file() and (gguf := find_single_gguf(directory)):
         return _open_gguf(gguf, cache_dir)
-    return Checkpoint(directory.resolve())
+    return Checkpoint(directory.resolve(), revision=revision)
 
 
 def open_checkpoint(
@@ -158,14 +158,13 @@ def open_checkpoint(
         return _open_gguf(resolve_alias(alias, cache), cache, name=alias.name)
     path = Path(text).expanduser()
     if path.is_dir():
-        return _open_dir(path, cache)
+        return _open_dir(path, cache, revision)
     if path.is_file():
         if path.suffix.lower() == ".gguf":
             return _open_gguf(path, cache)
         raise BadRequest(f"{path} is neither a checkpoint directory nor a .gguf file")
-    if text.startswith(("/", ".", "~")) or text.endswith(".gguf") or os.sep in text.strip("/"):
-        if not _HUB_ID.match(text):
-            raise NotFound(f"checkpoint path {text} does not exist")
+    if text.startswith(("/", ".", "~")) or text.endswith(".gguf") or text.count("/") > 1:
+        raise NotFound(f"checkpoint path {text} does not exist")
     if _HUB_ID.match(text):
         snapshot, commit = fetch_hub(text, cache_dir=cache, revision=revision, blocks=blocks)
         return Checkpoint(snapshot, name=text, revision=commit, partial=True)

@@ -166,3 +166,15 @@ def test_plain_file_refused(tmp_path: Path) -> None:
 
 def test_checkpoint_class_opens_snapshot_dir(sharded_dir: Path) -> None:
     assert Checkpoint(sharded_dir, name="x").name == "x"
+
+
+def test_relative_gguf_path_is_not_a_hub_id(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(NotFound, match="checkpoint path models/tiny.gguf does not exist"):
+        open_checkpoint("models/tiny.gguf", cache_dir=tmp_path)
+
+
+def test_local_revision_enters_fingerprint(sharded_dir: Path) -> None:
+    plain = open_checkpoint(sharded_dir)
+    pinned = open_checkpoint(sharded_dir, revision="v1")
+    assert pinned.revision == "v1" and pinned.fingerprint != plain.fingerprint

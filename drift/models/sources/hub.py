@@ -7,13 +7,14 @@ pieces (embeddings, final norm, head), never the rest. `select_shards` is the pu
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from drift.wire.errors import BadRequest, NotFound
+
+from .local import read_index
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ def fetch_hub(
         raise NotFound(f"Hub repository {repo_id!r} has no config.json: not a transformers model")
     index = snapshot / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        weight_map = read_index(index)
         shards = select_shards(weight_map, blocks)
         log.info(
             "Hub %s@%s: fetching %d shard(s) for blocks %s",

@@ -1,0 +1,98 @@
+"""The real SmolLM2 GGUF: converted once into the cache, then opened without reading it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer, LlamaForCausalLM
+
+from drift.models.checkpoint import open_checkpoint
+from drift.models.sources.aliases import ALIASES, resolve_alias
+
+pytestmark = pytest.mark.slow
+
+LAYER_KEYS = sorted(
+    [
+        "input_layernorm.weight",
+        "post_attention_layernorm.weight",
+        "self_attn.q_proj.weight",
+        "self_attn.k_proj.weight",
+        "self_attn.v_proj.weight",
+        "self_attn.o_proj.weight",
+        "mlp.gate_proj.weight",
+        "mlp.up_proj.weight",
+        "mlp.down_proj.weight",
+    ]
+)
+
+
+@pytest.fixture(scope="session")
+def smollm2_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("drift-cache")
+
+
+def test_smollm2_alias_converts_once_and_matches_gguf(smollm2_cache: Path, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="drift.models.sources.gguf")
+    started = time.monotonic()
+    ckpt = open_checkpoint("smollm2", cache_dir=smollm2_cache)
+    first = time.monotonic() - started
+    assert any("converting once" in r.getMessage() for r in caplog.records)
+    started = time.monotonic()
+    again = open_checkpoint("smollm2", cache_dir=smollm2_cache)
+    second = time.monotonic() - started
+    print(f"\nsmollm2 open: first {first:.1f} s (convert), second {second:.2f} s (cached)")
+    assert second < first / 5
+    assert again.path == ckpt.path and again.fingerprint == ckpt.fingerprint
+    assert ckpt.name == "SmolLM2-135M-Instruct"
+    assert ckpt.path.is_relative_to(smollm2_cache)
+    assert ckpt.revision is not None and ckpt.revision.startswith("gguf-sha256:")
+    assert ckpt.config.model_type == "llama" and ckpt.config.num_hidden_layers == 30
+    assert getattr(ckpt.config, "quantization_config", None) is None
+    assert not [p for p in ckpt.path.parent.iterdir() if p.name.startswith(".tmp")]
+
+    layer3 = ckpt.tensors("model.layers.3.")
+    assert sorted(layer3) == LAYER_KEYS
+    assert all(t.dtype == torch.float32 for t in layer3.values())
+
+    gguf = resolve_alias(ALIASES["smollm2"], smollm2_cache)
+    torch.manual_seed(0)
+    ids = torch.randint(0, ckpt.config.vocab_size, (2, 12))
+    with torch.no_grad():
+        cached = LlamaForCausalLM.from_pretrained(ckpt.path, dtype=torch.float32).eval()
+        assert torch.equal(cached.model.layers[3].mlp.up_proj.weight, layer3["mlp.up_proj.weight"])
+        cached_logits = cached(ids).logits
+        del cached
+        direct = LlamaForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        ).eval()
+        direct_logits = direct(ids).logits
+    assert (cached_logits - direct_logits).abs().max().item() < 1e-5
+
+    text = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+    tok_cached = AutoTokenizer.from_pretrained(ckpt.path)
+    tok_direct = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    assert tok_cached(text)["input_ids"] == tok_direct(text)["input_ids"]
+
+
+def test_second_open_reads_nothing_of_the_gguf(smollm2_cache: Path, tmp_path: Path) -> None:
+    source = resolve_alias(ALIASES["smollm2"], smollm2_cache)
+    gguf = tmp_path / source.name
+    shutil.copy2(source, gguf)
+    first = open_checkpoint(str(gguf), cache_dir=smollm2_cache)
+    assert first.name == "SmolLM2-135M-Instruct.Q4_1"
+    # Same name, size and mtime but garbage content: only the cache can answer now.
+    stat = gguf.stat()
+    gguf.write_bytes(b"\x00" * stat.st_size)
+    os.utime(gguf, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    again = open_checkpoint(str(gguf), cache_dir=smollm2_cache)
+    assert again.path == first.path and again.config.num_hidden_layers == 30
+    assert sorted(again.tensors("model.layers.29.")) == LAYER_KEYS
+    # A directory holding one GGUF and no config.json opens as that GGUF.
+    in_dir = open_checkpoint(tmp_path, cache_dir=smollm2_cache)
+    assert in_dir.path == first.path
