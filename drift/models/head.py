@@ -55,7 +55,9 @@ class ClientHead(torch.nn.Module):
             raise BadRequest(f"the checkpoint has no {head_name} and its embeddings are not tied")
         head_weight = embed_weight if tied else _one(ckpt, head_name, read)
         lm_head = torch.nn.Linear(head_weight.shape[1], head_weight.shape[0], bias=False)
-        lm_head.weight = torch.nn.Parameter(head_weight, requires_grad=False)
+        lm_head.weight = (
+            embed.weight if tied else torch.nn.Parameter(head_weight, requires_grad=False)
+        )
         norm = _loaded(adapter.build_final_norm(), read(adapter.norm_prefix), "final norm")
         embed_norm = adapter.build_embed_norm()
         if embed_norm is not None:
