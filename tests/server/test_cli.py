@@ -1,0 +1,58 @@
+"""`drift server` as a real process: it serves its blocks, answers /blocks, stops on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from types import SimpleNamespace
+
+import pytest
+
+from drift.cli.server import parse_block_indices
+from drift.server.build import warn_dtype_mismatch
+from drift.wire.errors import BadRequest
+
+
+def test_block_indices_and_dtype_warning(caplog):
+    assert parse_block_indices("3:7") == (3, 7)
+    with pytest.raises(BadRequest, match="START:END"):
+        parse_block_indices("3-7")
+    peers = [SimpleNamespace(peer_id="12D3KooWa", dtype="bfloat16"),
+             SimpleNamespace(peer_id="12D3KooWb", dtype="float32")]  # fmt: skip
+    assert warn_dtype_mismatch(peers, "float32") == ["12D3KooWa"]
+    assert "another dtype" in caplog.text
+
+
+def test_drift_server_process(tiny_llama, tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "drift.cli.main", "server", str(tiny_llama), "--block_indices", "1:3",
+         "--host_maddrs", "/ip4/127.0.0.1/tcp/0", "--cache_dir", str(tmp_path),
+         "--identity_path", str(tmp_path / "id.key")],
+        stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        port, lines = None, []
+        deadline = time.monotonic() + 60
+        while port is None and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            lines.append(line)
+            found = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
+            port = int(found.group(1)) if found else None
+        assert port, "".join(lines)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/blocks", timeout=10) as resp:
+            info = json.load(resp)
+        assert (info["start_block"], info["end_block"]) == (1, 3)
+        assert info["throughput"] > 0  # measured, then cached under --cache_dir
+        assert "throughput.json" in os.listdir(tmp_path)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
