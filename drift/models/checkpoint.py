@@ -7,10 +7,12 @@ directory (drift.models.sources); it knows nothing of adapters, spans or the net
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ from drift.wire.errors import BadRequest, NotFound
 
 from .sources.aliases import ALIASES, resolve_alias
 from .sources.gguf import cached_revision, convert_gguf, find_single_gguf
-from .sources.hub import fetch_hub
+from .sources.hub import fetch_hub, fetch_hub_shards
 from .sources.local import index_weights, read_tensors
 
 # Config keys that do not change what the blocks compute: dtypes, token ids, bookkeeping.
@@ -98,12 +100,17 @@ class Checkpoint:
         name: str | None = None,
         revision: str | None = None,
         partial: bool = False,
+        fetch_shards: Callable[[list[str]], None] | None = None,
     ) -> None:
+        """`partial`: shards named by the index may be absent (a partial Hub fetch); then
+        `fetch_shards(names)`, when given, brings absent shards into `path` on first use."""
         self.path = Path(path)
         self.name = name or self.path.name
         self.revision = revision
         self.config = load_config(self.path)
         self.fingerprint = config_fingerprint(self.config, revision)
+        self._partial = partial
+        self._fetch_shards = fetch_shards
         self._index = index_weights(self.path, partial=partial)
 
     def tensor_names(self) -> list[str]:
@@ -113,6 +120,10 @@ class Checkpoint:
     def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
         """Tensors whose names start with `prefix`, prefix stripped; reads only those."""
         absent = sorted({s for n, s in self._index.absent.items() if n.startswith(prefix)})
+        if absent and self._fetch_shards is not None:
+            self._fetch_shards(absent)
+            self._index = index_weights(self.path, partial=self._partial)
+            absent = sorted({s for n, s in self._index.absent.items() if n.startswith(prefix)})
         if absent:
             raise NotFound(
                 f"tensors {prefix}* of {self.name} are in shard(s) not downloaded: "
@@ -167,7 +178,15 @@ def open_checkpoint(
         raise NotFound(f"checkpoint path {text} does not exist")
     if _HUB_ID.match(text):
         snapshot, commit = fetch_hub(text, cache_dir=cache, revision=revision, blocks=blocks)
-        return Checkpoint(snapshot, name=text, revision=commit, partial=True)
+        return Checkpoint(
+            snapshot,
+            name=text,
+            revision=commit,
+            partial=True,
+            fetch_shards=functools.partial(
+                fetch_hub_shards, text, cache_dir=cache, revision=commit
+            ),
+        )
     raise NotFound(
         f"unknown model {text!r}: not a path that exists, not an alias "
         f"({', '.join(sorted(ALIASES))}) and not a Hub id (org/name)"

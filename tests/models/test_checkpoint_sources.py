@@ -178,3 +178,28 @@ def test_local_revision_enters_fingerprint(sharded_dir: Path) -> None:
     plain = open_checkpoint(sharded_dir)
     pinned = open_checkpoint(sharded_dir, revision="v1")
     assert pinned.revision == "v1" and pinned.fingerprint != plain.fingerprint
+
+
+def test_partial_checkpoint_fetches_absent_shards_on_use(sharded_dir: Path, tmp_path: Path) -> None:
+    directory = tmp_path / "partial"
+    shutil.copytree(sharded_dir, directory)
+    weight_map = json.loads((directory / "model.safetensors.index.json").read_text())["weight_map"]
+    keep = set(select_shards(weight_map, range(0, 1)))
+    for shard in set(weight_map.values()) - keep:
+        (directory / shard).unlink()
+    calls: list[list[str]] = []
+
+    def fetch(shards: list[str]) -> None:  # stands in for the Hub: copies the named shards
+        calls.append(shards)
+        for shard in shards:
+            shutil.copy(sharded_dir / shard, directory / shard)
+
+    ckpt = Checkpoint(directory, partial=True, fetch_shards=fetch)
+    assert calls == [] and len(ckpt.tensors("model.layers.0.")) == 9
+    assert calls == []
+    layer3 = ckpt.tensors("model.layers.3.")
+    needed = sorted({weight_map[n] for n in weight_map if n.startswith("model.layers.3.")} - keep)
+    assert calls == [needed]
+    reference = build_tiny("llama").state_dict()
+    assert all(torch.equal(v, reference["model.layers.3." + k]) for k, v in layer3.items())
+    assert len(layer3) == 9

@@ -72,6 +72,12 @@ def _download(repo_id: str, revision: str | None, cache_dir: Path, patterns: lis
     return Path(str(path))
 
 
+def fetch_hub_shards(repo_id: str, shards: list[str], *, cache_dir: Path, revision: str) -> None:
+    """Download more shards of `repo_id` at commit `revision` into its snapshot dir."""
+    log.info("Hub %s@%s: fetching shard(s) %s", repo_id, revision[:8], ", ".join(shards))
+    _download(repo_id, revision, cache_dir / "hub", list(shards))
+
+
 def fetch_hub(
     repo_id: str, *, cache_dir: Path, revision: str | None = None, blocks: range | None = None
 ) -> tuple[Path, str]:
