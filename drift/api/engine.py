@@ -4,12 +4,15 @@
 `AutoDistributedModelForCausalLM`: it only calls `generate()` with logits processors and a
 stopping criterion, one choice at a time, and reports each new token through a callback.
 `generate` is blocking (run it on an executor); it knows nothing of HTTP or asyncio.
+A `cache_factory` gives each generation its own cache (for a swarm: its own sessions).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,11 +41,22 @@ class TokenEvent:
     top: tuple[tuple[int, float], ...]  # best alternatives (token id, log-prob)
 
 
+# max_length -> a context manager yielding the `cache=` to pass to generate(), closed after
+CacheFactory = Callable[[int], AbstractContextManager[Any]]
+
+
 class CausalLMEngine:
     def __init__(
-        self, model: Any, tokenizer: Any, *, model_id: str, context_length: int | None = None
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        model_id: str,
+        context_length: int | None = None,
+        cache_factory: CacheFactory | None = None,
     ) -> None:
         self.model = model
+        self.cache_factory = cache_factory
         self.tokenizer = tokenizer
         self.model_id = model_id
         config = model.config
@@ -117,9 +131,16 @@ class CausalLMEngine:
         def tap(token_id: int) -> None:
             on_token(self._event(token_id, recorder, params.top_logprobs))
 
-        with torch.inference_mode():
+        cache_cm = (
+            self.cache_factory(len(prompt_ids) + params.max_new_tokens)
+            if self.cache_factory is not None
+            else contextlib.nullcontext(None)
+        )
+        with torch.inference_mode(), cache_cm as cache:
+            extra = {"cache": cache} if cache is not None else {}
             self.model.generate(
                 input_ids,
+                **extra,
                 attention_mask=torch.ones_like(input_ids),
                 max_new_tokens=params.max_new_tokens,
                 do_sample=False,  # sampling, when asked, is SeededSampler's job

@@ -1,0 +1,112 @@
+"""`drift api`: serve a swarm's model behind OpenAI's HTTP API (chat, completions, SSE).
+
+Parses the flags once, loads the client side of the model (embeddings, head, tokenizer),
+builds the engine and the aiohttp app from drift.api, and runs it until Ctrl+C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from drift.wire.errors import DriftError
+
+log = logging.getLogger(__name__)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "api",
+        help="serve the swarm's model behind an OpenAI-compatible HTTP API",
+        description="Serve MODEL (run by the swarm behind --initial_peers) on /v1/models, "
+        "/v1/chat/completions and /v1/completions, streamed or not.",
+    )
+    p.add_argument("model", help="alias, local dir, .gguf or Hub id of the swarm's model")
+    p.add_argument("--initial_peers", nargs="+", default=[],
+                   help="join tokens (drift://... or multiaddrs) of peers in the swarm")  # fmt: skip
+    p.add_argument("--local", action="store_true",
+                   help="run the whole model in this process instead (no swarm; for trials)")  # fmt: skip
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    p.add_argument("--api_key", action="append", default=[],
+                   help="accepted 'Authorization: Bearer' key; repeat for several")  # fmt: skip
+    p.add_argument("--no_auth", action="store_true", help="accept requests without any API key")
+    p.add_argument("--served_model_name", default=None,
+                   help="the model id clients send (default: MODEL as given)")  # fmt: skip
+    p.add_argument("--swarm_key", default=None, help="the swarm's secret key, if not in the token")
+    p.add_argument("--max_concurrent", type=int, default=4,
+                   help="requests generating at once (default: 4)")  # fmt: skip
+    p.add_argument("--queue_size", type=int, default=32,
+                   help="requests waiting for a slot before HTTP 429 (default: 32)")  # fmt: skip
+    p.add_argument("--default_max_tokens", type=int, default=512,
+                   help="completion length when a request names none (default: 512)")  # fmt: skip
+    p.add_argument("--cache_dir", default=None, help="where converted checkpoints are cached")
+    p.add_argument("--torch_dtype", default="float32", help="client dtype (default: float32)")
+    p.set_defaults(func=run)
+
+
+def _engine(args: argparse.Namespace, model_id: str) -> Any:
+    from drift.api.engine import CausalLMEngine
+    from drift.api.swarm import swarm_engine
+
+    if args.local:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from drift.models.checkpoint import open_checkpoint
+
+        ckpt = open_checkpoint(args.model, cache_dir=args.cache_dir)
+        model = AutoModelForCausalLM.from_pretrained(
+            ckpt.path, dtype=getattr(torch, args.torch_dtype)
+        ).eval()
+        tokenizer = AutoTokenizer.from_pretrained(ckpt.path)
+        return CausalLMEngine(model, tokenizer, model_id=model_id)
+    from drift.cli.generate import load_client
+    from drift.identity.tokens import parse_join_tokens
+
+    tokens = parse_join_tokens(args.initial_peers)
+    model, tokenizer = load_client(args.model, tokens, swarm_key=args.swarm_key,
+                                   cache_dir=args.cache_dir, torch_dtype=args.torch_dtype)  # fmt: skip
+    return swarm_engine(model, tokenizer, model_id=model_id)
+
+
+def _check(args: argparse.Namespace) -> str | None:
+    if not args.local and not args.initial_peers:
+        return "give --initial_peers (join tokens of the swarm), or --local"
+    if not args.api_key and not args.no_auth:
+        return "give at least one --api_key (or --no_auth to serve without keys)"
+    if args.max_concurrent < 1 or args.queue_size < 0 or args.default_max_tokens < 1:
+        return "--max_concurrent and --default_max_tokens must be >= 1, --queue_size >= 0"
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    from drift.api.app import ApiConfig, build_api_app
+    from drift.api.service import ServiceConfig
+    from drift.node.runner import run_node
+
+    problem = _check(args)
+    if problem:
+        print(f"drift api: {problem}", file=sys.stderr)
+        return 2
+    model_id = args.served_model_name or args.model
+    config = ApiConfig(
+        api_keys=tuple(args.api_key),
+        service=ServiceConfig(max_concurrent=args.max_concurrent, queue_size=args.queue_size,
+                              default_max_tokens=args.default_max_tokens),
+    )  # fmt: skip
+    try:
+        print(f"loading {args.model} ...", file=sys.stderr, flush=True)
+        engine = _engine(args, model_id)
+    except DriftError as exc:
+        print(f"drift api: {exc.message}", file=sys.stderr)
+        return 1
+
+    def started(running: Any) -> None:
+        print(f"OpenAI-compatible API for {model_id!r} on "
+              f"http://{running.host}:{running.port}/v1", file=sys.stderr, flush=True)  # fmt: skip
+
+    run_node(build_api_app(engine, config), args.host, args.port, on_started=started)
+    return 0
