@@ -1,0 +1,171 @@
+"""The machine-level commands as real subprocesses on loopback: up, up --join, status,
+generate, down (SmolLM2 weights; slow). Each test uses its own cache dir via DRIFT_CACHE."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from drift.cli.procs import read_records
+
+PROMPT = "What is the capital of France?"
+NEW_TOKENS = 12
+TOKEN_RE = re.compile(r"drift up \S+ --join (drift://\S+)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Proc:
+    """A drift subprocess whose output lines are collected by a reader thread."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "drift.cli", *args], env=env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.log: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        for line in self.popen.stdout:
+            self.lines.put(line)
+
+    def wait_for(self, pattern: re.Pattern[str] | str, timeout: float = 180) -> re.Match[str]:
+        rx = re.compile(pattern) if isinstance(pattern, str) else pattern
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.5)
+            except queue.Empty:
+                if self.popen.poll() is not None and self.lines.empty():
+                    break
+                continue
+            self.log.append(line)
+            if m := rx.search(line):
+                return m
+        raise AssertionError(f"no line matching {rx.pattern!r}; output:\n{''.join(self.log)}")
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+        self.popen.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    """A cache dir holding the converted SmolLM2 (converted once for all subprocesses)."""
+    from drift.models.checkpoint import open_checkpoint
+
+    directory = tmp_path_factory.mktemp("drift-cache")
+    open_checkpoint("smollm2", cache_dir=directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def reference_text(cache) -> str:
+    """Greedy reply of plain local transformers on the same weights."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from drift.cli.generate import encode_prompt
+    from drift.models.checkpoint import open_checkpoint
+
+    ckpt = open_checkpoint("smollm2", cache_dir=cache)
+    tok = AutoTokenizer.from_pretrained(ckpt.path)
+    model = AutoModelForCausalLM.from_pretrained(ckpt.path, dtype=torch.float32).eval()
+    ids = encode_prompt(tok, PROMPT)
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=NEW_TOKENS, pad_token_id=tok.eos_token_id)  # fmt: skip
+    return tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+
+
+@pytest.fixture
+def env(cache) -> dict[str, str]:
+    return dict(os.environ, DRIFT_CACHE=str(cache), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+                PYTHONPATH=str(Path.cwd()))  # fmt: skip
+
+
+@pytest.fixture
+def procs():
+    started: list[Proc] = []
+    yield started
+    for p in started:
+        p.kill()
+
+
+def drift(
+    env: dict[str, str], *args: str, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "drift.cli", *args], env=env, text=True,
+                          capture_output=True, timeout=timeout)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_up_join_generate_restart_down(cache, reference_text, env, procs, tmp_path):
+    port1 = free_port()
+    first = ["up", "smollm2", "--host", "127.0.0.1", "--port", str(port1), "--num_blocks", "15",
+             "--identity_path", str(tmp_path / "a.key"), "--throughput", "100"]  # fmt: skip
+    procs.append(Proc(first, env))
+    token = procs[0].wait_for(TOKEN_RE).group(1)
+    assert f"127.0.0.1:{port1}" in token
+    procs[0].wait_for(r"blocks missing: 15-29")
+
+    second = ["up", "smollm2", "--join", token, "--host", "127.0.0.1", "--port", "0",
+              "--num_blocks", "15", "--identity_path", str(tmp_path / "b.key"),
+              "--throughput", "100", "--start_delay", "0.5"]  # fmt: skip
+    procs.append(Proc(second, env))
+    procs[1].wait_for(r"serving blocks \[15, 30\)")  # the missing half, chosen from the table
+    procs[0].wait_for(r"all 30 blocks are served")
+
+    status = drift(env, "status", "--initial_peers", token)
+    assert status.returncode == 0, status.stderr
+    assert "all 30 blocks covered" in status.stdout and "[15, 30)" in status.stdout
+
+    gen = drift(env, "generate", "--initial_peers", token, "--max_new_tokens", str(NEW_TOKENS),
+                PROMPT)  # fmt: skip
+    assert gen.returncode == 0, gen.stderr
+    assert gen.stdout.strip() == reference_text.strip() != ""
+
+    # Restart the first node: same identity, same port, so the same join token.
+    procs[0].popen.terminate()
+    assert procs[0].popen.wait(timeout=60) == 0
+    procs[0] = Proc(first, env)
+    assert procs[0].wait_for(TOKEN_RE).group(1) == token
+
+    listed = drift(env, "down", "--list")
+    assert listed.returncode == 0
+    pids = {str(p.popen.pid) for p in procs}
+    assert all(f"pid {pid}" in listed.stdout for pid in pids), listed.stdout
+
+    down = drift(env, "down", "--timeout", "30")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert [p.popen.wait(timeout=30) for p in procs] == [0, 0]
+    assert read_records(cache) == []
+
+
+def test_taken_port_names_the_fix(tmp_path):
+    env = dict(os.environ, DRIFT_CACHE=str(tmp_path), PYTHONPATH=str(Path.cwd()))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        out = drift(env, "up", "--host", "127.0.0.1", "--port", str(port), "--identity_path",
+                    str(tmp_path / "k.key"), timeout=60)  # fmt: skip
+    assert out.returncode == 1
+    assert f"port {port}" in out.stderr and "--port" in out.stderr
