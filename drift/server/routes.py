@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 from aiohttp import WSMsgType, web
 
+from drift import PROTOCOL_VERSION
 from drift.server.state import BlockServer
 from drift.wire.errors import BadRequest, DriftError, InternalError, PayloadTooLarge
 from drift.wire.frames import MEDIA_TYPE, decode_frame, decompress, encode_frame
@@ -186,7 +187,7 @@ async def _on_text(server: BlockServer, ws: web.WebSocketResponse, sid: str | No
             CloseSession.from_wire(obj)
             if sid is not None:
                 server.sessions.close(sid)
-            await _send(ws, {**CloseSession().to_wire(), "type": "session_closed"})
+            await _send(ws, {"type": "session_closed", "version": PROTOCOL_VERSION})
             return None
         raise BadRequest(
             f"unexpected text message of type {kind!r}: send 'open' or 'close' as JSON "

@@ -114,7 +114,9 @@ def _check_entries(header: dict[str, Any], data_len: int) -> None:
             continue
         if not isinstance(entry, dict):
             raise BadFrame(f"frame header entry {name!r} is not an object")
-        tag, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        tag = entry.get("dtype")
+        shape: Any = entry.get("shape")
+        offsets: Any = entry.get("data_offsets")
         if tag not in WIRE_DTYPES:
             allowed = ", ".join(WIRE_DTYPES)
             raise BadTensor(f"tensor {name!r} has unsupported dtype {tag!r} (allowed: {allowed})")
