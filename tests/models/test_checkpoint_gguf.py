@@ -96,3 +96,27 @@ def test_second_open_reads_nothing_of_the_gguf(smollm2_cache: Path, tmp_path: Pa
     # A directory holding one GGUF and no config.json opens as that GGUF.
     in_dir = open_checkpoint(tmp_path, cache_dir=smollm2_cache)
     assert in_dir.path == first.path
+
+
+def test_gemma3_alias_assembles_into_cache_and_matches_gguf(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    ckpt = open_checkpoint("gemma3-270m", cache_dir=tmp_path)
+    assembled = tmp_path / "gguf-src" / "gemma-3-270m-q4_k_m.gguf"
+    assert assembled.is_file()  # assembled into the given cache, not ~/.cache
+    started = time.monotonic()
+    again = open_checkpoint("gemma3-270m", cache_dir=tmp_path)
+    assert time.monotonic() - started < 5 and again.path == ckpt.path
+    assert ckpt.name == "gemma-3-270m" and ckpt.config.model_type == "gemma3_text"
+    assert ckpt.config.num_hidden_layers == 18
+    assert "self_attn.q_norm.weight" in ckpt.tensors("model.layers.17.")
+    ids = torch.randint(0, 1000, (1, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        cached = AutoModelForCausalLM.from_pretrained(ckpt.path, dtype=torch.float32).eval()
+        cached_logits = cached(ids).logits
+        del cached
+        direct = AutoModelForCausalLM.from_pretrained(
+            assembled.parent, gguf_file=assembled.name, dtype=torch.float32
+        ).eval()
+        assert (cached_logits - direct(ids).logits).abs().max().item() < 1e-4
+    assert AutoTokenizer.from_pretrained(ckpt.path)("hello world")["input_ids"]
