@@ -169,3 +169,28 @@ def test_taken_port_names_the_fix(tmp_path):
                     str(tmp_path / "k.key"), timeout=60)  # fmt: skip
     assert out.returncode == 1
     assert f"port {port}" in out.stderr and "--port" in out.stderr
+
+
+def test_overlapping_spans_cover_everything():
+    from drift.cli.demo import overlapping_spans
+
+    assert overlapping_spans(30, 3) == [(0, 10), (7, 20), (17, 30)]
+    assert overlapping_spans(4, 1) == [(0, 4)]
+    with pytest.raises(ValueError):
+        overlapping_spans(2, 3)
+
+
+@pytest.mark.slow
+def test_demo_answers_and_cleans_up(cache, env):
+    out = drift(env, "demo", "--max_new_tokens", "10", "What is the capital of France?",
+                timeout=400)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Paris" in out.stdout
+    spans = [
+        tuple(map(int, m)) for m in re.findall(r"blocks \[\s*(\d+),\s*(\d+)\) ran on", out.stdout)
+    ]
+    assert spans[0][0] == 0 and spans[-1][1] == 30
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
+    assert "tokens/s" in out.stdout and "dashboard: http://127.0.0.1:" in out.stdout
+    assert "stopped 3 servers" in out.stdout
+    assert read_records(cache) == []
