@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import secrets
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -117,7 +117,7 @@ class GenerationService:
         prompts: Sequence[Sequence[int]],
         params: Sequence[GenerationParams],
         options: SamplingOptions,
-    ) -> AsyncIterator[Delta | Finish]:
+    ) -> AsyncGenerator[Delta | Finish, None]:
         """Every choice of every prompt, one after the other (index = prompt * n + choice)."""
         seed = options.seed if options.seed is not None else secrets.randbits(63)
         generator = torch.Generator().manual_seed(seed % 2**63)
@@ -136,7 +136,7 @@ class GenerationService:
         params: GenerationParams,
         stops: Sequence[str],
         generator: torch.Generator,
-    ) -> AsyncIterator[Delta | Finish]:
+    ) -> AsyncGenerator[Delta | Finish, None]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[object] = asyncio.Queue()
         cancel = threading.Event()
@@ -170,7 +170,7 @@ class GenerationService:
         params: GenerationParams,
         stops: Sequence[str],
         cancel: threading.Event,
-    ) -> AsyncIterator[Delta | Finish]:
+    ) -> AsyncGenerator[Delta | Finish, None]:
         text = StopTextStream(self.engine.decode, stops)
         pending: list[TokenEvent] = []
         count, reason = 0, None

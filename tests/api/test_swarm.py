@@ -38,7 +38,7 @@ async def _api_over(model_dir, local_model, spans) -> AsyncIterator[tuple]:
             async with openai.AsyncOpenAI(
                 base_url=f"{url}/v1", api_key=API_KEY, max_retries=0, timeout=60
             ) as client:
-                yield swarm, client
+                yield swarm, client, url
         finally:
             await runner.cleanup()
     finally:
@@ -56,11 +56,17 @@ async def _blocks(swarm) -> list[dict]:
         return out
 
 
+async def _health(url: str) -> dict:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{url}/health") as r:
+            return await r.json()
+
+
 async def test_api_over_swarm(model_dir, local_model) -> None:
     prompt = chat_ids(local_model)
     text, n_tokens, _ = reference(local_model, prompt, 16)
     comp_text, _, _ = reference(local_model, local_model[1]("Once upon")["input_ids"], 16)
-    async with _api_over(model_dir, local_model, [(0, 2), (2, 4)]) as (swarm, client):
+    async with _api_over(model_dir, local_model, [(0, 2), (2, 4)]) as (swarm, client, url):
         resp = await client.chat.completions.create(
             model=MODEL_ID, messages=MESSAGES, max_tokens=16, temperature=0
         )
@@ -81,6 +87,7 @@ async def test_api_over_swarm(model_dir, local_model) -> None:
 
         # a stream closed early frees the server-side caches
         idle = await _blocks(swarm)
+        before = (await _health(url))["tokens_generated"]
         assert all(b["active_sessions"] == 0 for b in idle)
         stream = await client.completions.create(
             model=MODEL_ID, prompt="Once", max_tokens=900, temperature=0, stream=True
@@ -100,10 +107,11 @@ async def test_api_over_swarm(model_dir, local_model) -> None:
             await asyncio.sleep(0.05)
         assert [b["active_sessions"] for b in now] == [0, 0]
         assert [b["cache_tokens_left"] for b in now] == [b["cache_tokens_left"] for b in idle]
+        assert (await _health(url))["tokens_generated"] - before < 900  # cancelled, not finished
 
 
 async def test_missing_blocks_is_503(model_dir, local_model) -> None:
-    async with _api_over(model_dir, local_model, [(0, 2)]) as (_swarm, client):
+    async with _api_over(model_dir, local_model, [(0, 2)]) as (_swarm, client, _url):
         with pytest.raises(openai.InternalServerError) as info:
             await client.completions.create(model=MODEL_ID, prompt="Once", max_tokens=4)
         assert info.value.status_code == 503

@@ -1,0 +1,94 @@
+"""Throughput of `drift api` under 1, 4 and 8 concurrent clients: requests/s and tokens/s.
+
+Either point it at a running server (--url http://host:port --api_key KEY --model ID), or
+give --local MODEL (alias, dir or .gguf) to serve it in-process on 127.0.0.1 with a local
+transformers model (no swarm). Each client sends --requests completions one after another.
+
+    PYTHONPATH=. python scripts/bench_api.py --local smollm2 --max_tokens 32
+    python scripts/bench_api.py --url http://127.0.0.1:8000 --api_key sk-... --model smollm2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+import aiohttp
+
+
+async def _client(http: aiohttp.ClientSession, url: str, body: dict, requests: int) -> int:
+    tokens = 0
+    for _ in range(requests):
+        async with http.post(f"{url}/v1/completions", json=body) as r:
+            data = await r.json()
+            if r.status != 200:
+                raise SystemExit(f"HTTP {r.status}: {data}")
+            tokens += data["usage"]["completion_tokens"]
+    return tokens
+
+
+async def bench(url: str, key: str, model: str, args: argparse.Namespace) -> None:
+    body = {"model": model, "prompt": args.prompt, "max_tokens": args.max_tokens,
+            "temperature": 0}  # fmt: skip
+    headers = {"Authorization": f"Bearer {key}"}
+    timeout = aiohttp.ClientTimeout(total=3600)
+    async with aiohttp.ClientSession(headers=headers, timeout=timeout) as http:
+        await _client(http, url, dict(body, max_tokens=2), 1)  # warm-up
+        print(f"{'clients':>7} {'requests':>8} {'seconds':>8} {'req/s':>7} {'tokens/s':>9}")
+        for clients in args.clients:
+            start = time.perf_counter()
+            counts = await asyncio.gather(
+                *(_client(http, url, body, args.requests) for _ in range(clients))
+            )
+            seconds = time.perf_counter() - start
+            n = clients * args.requests
+            print(f"{clients:>7} {n:>8} {seconds:>8.2f} {n / seconds:>7.2f} "
+                  f"{sum(counts) / seconds:>9.1f}", flush=True)  # fmt: skip
+
+
+async def bench_local(args: argparse.Namespace) -> None:
+    import torch
+    from aiohttp import web
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from drift.api.app import ApiConfig, build_api_app
+    from drift.api.engine import CausalLMEngine
+    from drift.api.service import ServiceConfig
+    from drift.models.checkpoint import open_checkpoint
+
+    ckpt = open_checkpoint(args.local)
+    model = AutoModelForCausalLM.from_pretrained(ckpt.path, dtype=torch.float32).eval()
+    engine = CausalLMEngine(model, AutoTokenizer.from_pretrained(ckpt.path), model_id="bench")
+    service = ServiceConfig(max_concurrent=max(args.clients), queue_size=64)
+    runner = web.AppRunner(build_api_app(engine, ApiConfig(api_keys=("bench",), service=service)))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        await bench(f"http://127.0.0.1:{runner.addresses[0][1]}", "bench", "bench", args)
+    finally:
+        await runner.cleanup()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--url", help="a running `drift api` (http://host:port)")
+    p.add_argument("--api_key", default="", help="its API key")
+    p.add_argument("--model", default="", help="the model id it serves")
+    p.add_argument("--local", help="serve this model in-process instead (alias, dir, .gguf)")
+    p.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8])
+    p.add_argument("--requests", type=int, default=2, help="requests per client")
+    p.add_argument("--max_tokens", type=int, default=32)
+    p.add_argument("--prompt", default="The history of the city of Paris")
+    args = p.parse_args()
+    if args.local:
+        asyncio.run(bench_local(args))
+    elif args.url:
+        asyncio.run(bench(args.url.rstrip("/"), args.api_key, args.model, args))
+    else:
+        p.error("give --url (a running server) or --local MODEL")
+
+
+if __name__ == "__main__":
+    main()
