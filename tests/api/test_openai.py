@@ -10,7 +10,7 @@ import openai
 import pytest
 import torch
 
-from tests.api.conftest import API_KEY, MODEL_ID
+from tests.api.conftest import API_KEY, MODEL_ID, SPECIALS
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -248,3 +248,35 @@ async def test_completion_logprobs_match_model(client, local_model) -> None:
             len(lp.top_logprobs[i]) == 3
             and max(lp.top_logprobs[i], key=lp.top_logprobs[i].get) == token
         )
+
+
+async def test_chat_n_stream_matches_non_stream_and_logprobs(client) -> None:
+    kwargs = dict(model=MODEL_ID, messages=MESSAGES, max_tokens=10, temperature=1.0, n=2, seed=3)
+    full = await client.chat.completions.create(logprobs=True, top_logprobs=2, **kwargs)
+    stream = await client.chat.completions.create(stream=True, **kwargs)
+    texts = ["", ""]
+    async for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+    assert texts == [c.message.content for c in full.choices]
+    for choice in full.choices:
+        entries = choice.logprobs.content
+        tokens = [e.token for e in entries if e.token not in SPECIALS]  # decoded without them
+        assert "".join(tokens) == choice.message.content
+        assert all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in entries)
+
+
+async def test_client_gone_without_stream_cancels(api_url: str) -> None:
+    body = {"model": MODEL_ID, "prompt": "Once", "max_tokens": 1000, "temperature": 0}
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    async with aiohttp.ClientSession(headers=headers) as http:
+        with pytest.raises(asyncio.TimeoutError):
+            await http.post(
+                f"{api_url}/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=0.5)
+            )
+    for _ in range(100):
+        health = await _health(api_url)
+        if health["active"] == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert health["active"] == 0 and health["tokens_generated"] < 1000
