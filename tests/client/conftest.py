@@ -1,90 +1,94 @@
 """Fixtures for client tests: tiny checkpoints and a swarm of real block servers on loopback.
 
-Block servers come from the server harness (tests/server/harness.py). Until every block
-server is a membership node, a small stand-in node serves GET /swarm with records signed by
-the servers' identities (drift.swarm.record.sign_record) so the client's verification runs.
+Every block server comes from the server harness (tests/server/harness.py), so it runs the
+real membership node app. The first server is the seed; the others join it with its join
+token, and the client gets that same token as initial_peers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 
-from drift import __version__
-from drift.identity.keys import Identity
 from drift.models.checkpoint import open_checkpoint
-from drift.swarm.record import default_fields, sign_record
 from tests.server.harness import RunningServer, start_block_server
 from tests.tiny_models import save_tiny
 
 
 @dataclass
 class Swarm:
-    seed: web.AppRunner
-    seed_url: str
-    seed_identity: Identity
     model_dir: Path
     fingerprint: str
     num_blocks: int
-    servers: list[tuple[RunningServer, Identity, int, int]] = field(default_factory=list)
+    swarm_key: str | None = None
+    servers: list[RunningServer] = field(default_factory=list)
+    stopped: set[str] = field(default_factory=set)
+
+    @property
+    def seed(self) -> RunningServer:
+        return self.servers[0]
 
     @property
     def token(self) -> str:
-        host_port = self.seed_url.removeprefix("http://")
-        return f"drift://{self.seed_identity.peer_id}@{host_port}"
+        """The seed's real join token (without the key: tests pass swarm_key= explicitly)."""
+        return self.seed.node.join_token().to_drift(with_key=False)
 
-    def records(self) -> list[dict[str, Any]]:
-        out = []
-        for i, (running, ident, start, end) in enumerate(self.servers):
-            fields = default_fields(ident.peer_id, [running.url], __version__)
-            fields.update(
-                role="server", model=self.model_dir.name, model_fingerprint=self.fingerprint,
-                num_blocks=self.num_blocks, start_block=start,
-                end_block=end, state="online", dtype="float32", quant="none",
-                throughput=100.0, cache_tokens_left=1 << 20, cache_tokens_total=1 << 20,
-                seq=i + 1, expires_at=time.time() + 3600,
-            )  # fmt: skip
-            out.append(sign_record(ident, fields).to_wire())
-        return out
+    def by_peer(self, peer_id: str) -> RunningServer:
+        return next(s for s in self.servers if s.node.peer_id == peer_id)
 
     async def add_server(self, start: int, end: int, **kw: Any) -> RunningServer:
-        running = await start_block_server(self.model_dir, start, end, **kw)
-        self.servers.append((running, Identity.generate(), start, end))
+        peers = (self.seed.node.join_token(),) if self.servers else ()
+        running = await start_block_server(
+            self.model_dir, start, end, swarm_key=self.swarm_key, initial_peers=peers, **kw
+        )
+        self.servers.append(running)
+        await wait_for_members(self.seed, {s.node.peer_id for s in self.servers})
         return running
 
+    async def stop(self, running: RunningServer) -> None:
+        if running.node.peer_id not in self.stopped:
+            self.stopped.add(running.node.peer_id)
+            await running.stop()
 
-async def start_swarm(model_dir: Path, spans: list[tuple[int, int]]) -> Swarm:
+
+async def wait_for_members(seed: RunningServer, peer_ids: set[str], timeout_s: float = 10.0):
+    """Until the seed's own table lists every server in `peer_ids` as online with a span."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        online = {
+            r.peer_id
+            for r in seed.node.live_records()
+            if r.state == "online" and r.end_block is not None
+        }
+        if peer_ids <= online:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"seed lists {sorted(online)}, waiting for {sorted(peer_ids)}")
+        await asyncio.sleep(0.05)
+
+
+async def start_swarm(
+    model_dir: Path, spans: list[tuple[int, int]], *, swarm_key: str | None = None
+) -> Swarm:
     ckpt = open_checkpoint(str(model_dir))
-    ident = Identity.generate()
-    holder: dict[str, Swarm] = {}
-
-    async def swarm_route(request: web.Request) -> web.Response:
-        return web.json_response({"peer_id": ident.peer_id, "records": holder["s"].records()})
-
-    app = web.Application()
-    app.router.add_get("/swarm", swarm_route)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    n = ckpt.config.num_hidden_layers
-    swarm = Swarm(runner, url, ident, model_dir, ckpt.fingerprint, n)
-    holder["s"] = swarm
-    for start, end in spans:
-        await swarm.add_server(start, end)
+    swarm = Swarm(model_dir, ckpt.fingerprint, ckpt.config.num_hidden_layers, swarm_key)
+    try:
+        for start, end in spans:
+            await swarm.add_server(start, end)
+    except BaseException:
+        await stop_swarm(swarm)
+        raise
     return swarm
 
 
 async def stop_swarm(swarm: Swarm) -> None:
-    for running, *_ in swarm.servers:
-        await running.stop()
-    await swarm.seed.cleanup()
+    for running in reversed(swarm.servers):
+        await swarm.stop(running)
 
 
 @pytest.fixture(scope="session")

@@ -38,8 +38,8 @@ async def test_server_dies_mid_generation(tiny_dirs):
         def kill():
             session = model._owned[0].session
             hop = session.spans[-1].hop
-            victim = next(r for r, ident, *_ in swarm.servers if ident.peer_id == hop.peer_id)
-            asyncio.run_coroutine_threadsafe(victim.stop(), loop).result()
+            victim = swarm.by_peer(hop.peer_id)
+            asyncio.run_coroutine_threadsafe(swarm.stop(victim), loop).result()
             killed.append(hop.peer_id)
 
         out = await asyncio.to_thread(
