@@ -21,4 +21,4 @@ class ClientConfig:
     rtt_default_s: float = 0.01  # assumed round trip for a server not measured yet
     cache_penalty_s: float = 10.0  # added latency for a server short of KV-cache room
     compress_min_bytes: int = 1 << 20  # zstd-compress frames bigger than this (0 = never)
-    swarm_key: str | None = None  # private swarm secret (Bearer auth); None for open swarms
+    swarm_key: str | None = None  # private swarm secret (HMAC X-Drift-Auth); None = open

@@ -65,7 +65,9 @@ def load_parts(
                            blocks=range(0))  # fmt: skip
     head = ClientHead.load(ckpt, dtype=torch_dt)
     config = client_config or ClientConfig()
-    if swarm_key and not config.swarm_key:
-        config = dataclasses.replace(config, swarm_key=swarm_key)
+    token_keys = [t.swarm_key for t in tokens if t.swarm_key]
+    key = config.swarm_key or swarm_key or (token_keys[0] if token_keys else None)
+    if key != config.swarm_key:
+        config = dataclasses.replace(config, swarm_key=key)
     client = RemoteClient(tokens, ckpt.fingerprint, config)
     return ckpt, head, client, torch_dt

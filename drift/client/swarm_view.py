@@ -20,11 +20,8 @@ from drift.client.config import ClientConfig
 from drift.client.records import merge_records, server_infos
 from drift.client.routing import ServerInfo
 from drift.identity.tokens import JoinToken
-from drift.wire.errors import PeerUnavailable
-
-
-def auth_headers(swarm_key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {swarm_key}"} if swarm_key else {}
+from drift.node.auth import auth_headers
+from drift.wire.errors import DriftError, Forbidden, PeerUnavailable, Unauthorized, from_payload
 
 
 class SwarmView:
@@ -55,7 +52,8 @@ class SwarmView:
 
     @property
     def headers(self) -> dict[str, str]:
-        return auth_headers(self.swarm_key_for())
+        """Extra headers for every request; the swarm-key proof is added per request."""
+        return {}
 
     def _timeout(self) -> aiohttp.ClientTimeout:
         return aiohttp.ClientTimeout(
@@ -95,8 +93,12 @@ class SwarmView:
     async def _read_from(self, url: str, peer_id: str | None) -> None:
         started = time.monotonic()
         async with self.http.get(
-            f"{url}/swarm", headers=self.headers, timeout=self._timeout()
+            f"{url}/swarm",
+            headers=auth_headers(self.swarm_key_for(), "GET", "/swarm"),
+            timeout=self._timeout(),
         ) as resp:
+            if resp.status in (401, 403):
+                raise self._auth_error(url, resp.status, await resp.read())
             if resp.status != 200:
                 raise ValueError(f"GET /swarm answered HTTP {resp.status}")
             body = orjson.loads(await resp.read())
@@ -108,6 +110,18 @@ class SwarmView:
         if not isinstance(records, list):
             raise ValueError("GET /swarm reply has no records list")
         self.rejected += merge_records(self.records, records)
+
+    def _auth_error(self, url: str, status: int, body: bytes) -> DriftError:
+        """Unauthorized / Forbidden naming the peer, the server's words and the fix."""
+        try:
+            said = from_payload(orjson.loads(body), status).message
+        except orjson.JSONDecodeError:
+            said = body[:200].decode(errors="replace")
+        if self.swarm_key_for():
+            hint = "the swarm_key given does not match this swarm's key"
+            return Forbidden(f"{url} refused the client: {said} ({hint})")
+        hint = "this swarm is private: pass swarm_key=... (or a join token with ?key=...)"
+        return Unauthorized(f"{url} refused the client: {said} ({hint})")
 
     def note_rtt(self, peer_id: str, seconds: float) -> None:
         old = self.rtt_s.get(peer_id)

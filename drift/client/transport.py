@@ -17,6 +17,7 @@ import zstandard
 
 from drift.client.config import ClientConfig
 from drift.client.routing import Hop
+from drift.node.auth import auth_headers
 from drift.wire import messages as m
 from drift.wire.errors import DriftError, PeerUnavailable, from_payload
 from drift.wire.frames import MEDIA_TYPE
@@ -48,9 +49,11 @@ async def _raise_for_reply(resp: aiohttp.ClientResponse, hop: Hop) -> None:
     raise err
 
 
-def _body(message: Any, config: ClientConfig) -> tuple[bytes, dict[str, str]]:
+def _body(message: Any, config: ClientConfig, path: str) -> tuple[bytes, dict[str, str]]:
+    """The (maybe zstd) body and its headers; the swarm-key HMAC covers the plain frame,
+    which is what the server's auth middleware reads (aiohttp undoes Content-Encoding)."""
     data = m.encode(message)
-    headers = {"Content-Type": MEDIA_TYPE}
+    headers = {"Content-Type": MEDIA_TYPE, **auth_headers(config.swarm_key, "POST", path, data)}
     if config.compress_min_bytes and len(data) >= config.compress_min_bytes:
         data = zstandard.ZstdCompressor(level=1).compress(data)
         headers["Content-Encoding"] = "zstd"
@@ -66,7 +69,7 @@ async def post_frame(
     config: ClientConfig,
     headers: dict[str, str],
 ) -> Any:
-    data, extra = _body(message, config)
+    data, extra = _body(message, config, f"/{route}")
     try:
         async with http.post(
             f"{hop.addr}/{route}", data=data, headers={**headers, **extra}, timeout=_timeout(config)
@@ -115,6 +118,7 @@ class SpanSocket:
         config: ClientConfig, headers: dict[str, str],
     ) -> SpanSocket:  # fmt: skip
         url = f"{hop.addr}/inference"
+        headers = {**headers, **auth_headers(config.swarm_key, "GET", "/inference")}
         try:
             ws = await http.ws_connect(
                 url, headers=headers, max_msg_size=0,
