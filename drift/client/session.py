@@ -7,6 +7,7 @@ so generation continues with identical results. Sync methods wrap the async core
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -126,10 +127,14 @@ class InferenceSession:
         return hidden
 
     async def _send(self, span: SpanState, s: StepInputs) -> torch.Tensor:
-        return await span.socket.step(
+        started = time.perf_counter()
+        out = await span.socket.step(
             s.hidden, s.position, hypo_ids=s.hypo_ids, attention_mask=s.attention_mask,
             prompts=slice_prompts(s.prompts, self.start_block, span.hop),
         )  # fmt: skip
+        # measured step time feeds the per-peer EWMA that routing reads as rtt_s
+        self.client.swarm.note_rtt(span.hop.peer_id, time.perf_counter() - started)
+        return out
 
     async def _failover(self, index: int, exc: DriftError) -> None:
         """Replace span `index` by a new route over its blocks and replay its history."""

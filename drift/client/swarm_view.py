@@ -17,6 +17,7 @@ import orjson
 
 from drift.client.bans import BanList
 from drift.client.config import ClientConfig
+from drift.client.latency import LatencyEwma
 from drift.client.records import merge_records, server_infos
 from drift.client.routing import ServerInfo
 from drift.identity.tokens import JoinToken
@@ -39,7 +40,7 @@ class SwarmView:
         self.http = http
         self.bans = bans
         self.records: dict[str, dict[str, Any]] = {}
-        self.rtt_s: dict[str, float] = {}
+        self.latency = LatencyEwma()
         self.rejected = 0
         self._last_refresh = 0.0
         self._lock = asyncio.Lock()
@@ -123,9 +124,13 @@ class SwarmView:
         hint = "this swarm is private: pass swarm_key=... (or a join token with ?key=...)"
         return Unauthorized(f"{url} refused the client: {said} ({hint})")
 
+    @property
+    def rtt_s(self) -> dict[str, float]:
+        return self.latency.values
+
     def note_rtt(self, peer_id: str, seconds: float) -> None:
-        old = self.rtt_s.get(peer_id)
-        self.rtt_s[peer_id] = seconds if old is None else 0.7 * old + 0.3 * seconds
+        """One measured round trip (a /swarm read or an inference step on that peer)."""
+        self.latency.update(peer_id, seconds)
 
     def servers(self, model_fingerprint: str) -> list[ServerInfo]:
         """Live, verified, not banned servers of this model, with measured round trips."""

@@ -102,3 +102,31 @@ def test_ban_backoff_and_reset():
     assert bans.banned() == {"a"}
     bans.success("a")
     assert not bans.is_banned("a") and bans.ban("a") == 1.0
+
+
+def test_latency_ewma_update():
+    from drift.client.latency import LatencyEwma
+
+    ewma = LatencyEwma(alpha=0.5)
+    assert ewma.get("a") is None
+    assert ewma.update("a", 0.2) == 0.2  # first sample taken as is
+    assert ewma.update("a", 0.4) == pytest.approx(0.3)
+    assert ewma.update("a", 0.0) == pytest.approx(0.15)
+    assert ewma.samples == {"a": 3} and ewma.get("b") is None
+    with pytest.raises(ValueError, match="negative"):
+        ewma.update("a", -1.0)
+    with pytest.raises(ValueError, match="alpha"):
+        LatencyEwma(alpha=0.0)
+
+
+def test_measured_latency_changes_the_route():
+    from drift.client.latency import LatencyEwma
+
+    ewma = LatencyEwma()
+    table = [srv("a", 0, 8, rtt=None), srv("b", 0, 8, rtt=None)]
+    for _ in range(5):
+        ewma.update("a", 2.0)
+        ewma.update("b", 0.01)
+    measured = [ServerInfo(s.peer_id, s.addr, 0, 8, s.throughput, s.cache_tokens_left,
+                           ewma.get(s.peer_id)) for s in table]  # fmt: skip
+    assert inference_route(measured, 0, 8)[0].peer_id == "b"
