@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from drift.cli._options import add_cache_dir, add_model
 from drift.cli.procs import read_records, resolve_cache_dir
 from drift.wire.errors import DriftError
 
@@ -30,13 +31,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "spans, generate an answer through them, and stop them again.",
     )
     p.add_argument("prompt", nargs="?", default=DEFAULT_PROMPT, help="what to ask the model")
-    p.add_argument("--model", default="smollm2", help="model to serve (default: smollm2)")
+    add_model(p, positional=False)
     p.add_argument("--num_servers", type=int, default=3, help="servers to start (default: 3)")
     p.add_argument("--max_new_tokens", type=int, default=48, help="tokens to generate")
     p.add_argument("--keep", action="store_true", help="leave the swarm running (stop: drift down)")
-    p.add_argument(
-        "--cache_dir", default=None, help="cache dir (default: $DRIFT_CACHE or ~/.cache/drift)"
-    )
+    add_cache_dir(p)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the swarm")
     p.set_defaults(func=run)
 

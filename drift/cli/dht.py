@@ -1,8 +1,9 @@
 """`drift dht`: run a membership-only node (serves no blocks) until Ctrl+C / SIGTERM.
 
-It parses its arguments into a NodeConfig, loads or creates the identity, and logs the
-node's reachable address and join token. `node_config_from_args` and `log_join_info` are
-reused by `drift server` / `drift up`, which add the same options with `add_node_options`.
+It parses its arguments into a NodeConfig, loads or creates the identity, logs the node's
+reachable address and join token, and keeps a process record for `drift down`.
+`node_config_from_args` and `log_join_info` are reused by `drift server` / `drift up`, which
+take the same options (drift.cli._options.add_node_options; re-exported here).
 """
 
 from __future__ import annotations
@@ -10,68 +11,19 @@ from __future__ import annotations
 import argparse
 import logging
 
+from drift.cli._options import add_node_options, listen_address
+from drift.cli.procs import exit_on_sigterm, process_record, resolve_cache_dir
 from drift.identity import Identity, format_hostport, load_or_create_identity, parse_join_tokens
-from drift.identity.tokens import parse_listen_maddr, parse_multiaddr
+from drift.identity.tokens import parse_multiaddr
 from drift.node import MembershipNode, NodeConfig, RunningApp, build_node_app, run_node
 from drift.wire.errors import DriftError
 
 log = logging.getLogger("drift.dht")
 
 
-def add_node_options(p: argparse.ArgumentParser) -> None:
-    """The options every swarm member takes (identity, addresses, seeds, key, gossip)."""
-    p.add_argument(
-        "--identity_path",
-        default=None,
-        help="Ed25519 key file, created (mode 0600) on first start and reused so the "
-        "peer id stays the same (default: a new identity every start)",
-    )
-    p.add_argument(
-        "--host_maddrs",
-        default="/ip4/0.0.0.0/tcp/31337",
-        help="listen multiaddr, e.g. /ip4/0.0.0.0/tcp/31337 (port 0 = any free port)",
-    )
-    p.add_argument(
-        "--announce_maddrs",
-        nargs="*",
-        default=[],
-        help="multiaddrs others reach this node at, e.g. /ip4/203.0.113.5/tcp/31337",
-    )
-    p.add_argument(
-        "--public_ip",
-        default=None,
-        help="announce this IP with the listening port (behind NAT with a forwarded port)",
-    )
-    p.add_argument(
-        "--initial_peers",
-        nargs="*",
-        default=[],
-        help="join tokens (drift://<peer_id>@<host>:<port>) or multiaddrs of members, "
-        "space- or comma-separated",
-    )
-    p.add_argument(
-        "--swarm_key",
-        default=None,
-        help="secret of a private swarm (default: the ?key= of a join token, else open)",
-    )
-    p.add_argument(
-        "--gossip_interval",
-        type=float,
-        default=5.0,
-        help="mean seconds between gossip rounds (default: 5)",
-    )
-    p.add_argument(
-        "--record_ttl",
-        type=float,
-        default=30.0,
-        help="seconds after which a silent peer is dropped (default: 30)",
-    )
-    p.add_argument("--fanout", type=int, default=3, help="peers contacted per gossip round")
-
-
 def node_config_from_args(args: argparse.Namespace) -> NodeConfig:
     """Validated NodeConfig from the parsed options (BadRequest naming the bad value)."""
-    host, port = parse_listen_maddr(args.host_maddrs)
+    host, port = listen_address(args)
     public_addrs = []
     for maddr in args.announce_maddrs:
         a_host, a_port, _ = parse_multiaddr(maddr, need_peer_id=False)
@@ -128,7 +80,15 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s", exc.message)
         return 2
     app = build_node_app(node)
-    run_node(app, config.host, config.port, on_started=lambda running: log_join_info(node, running))
+    cache = resolve_cache_dir(args.cache_dir)
+    with process_record("dht", cache_dir=cache, peer_id=node.peer_id) as rec:
+        exit_on_sigterm()  # until the node runs, SIGTERM (drift down) ends it through `finally`
+
+        def started(running: RunningApp) -> None:
+            rec.update(port=running.port, extra={"join_token": str(node.join_token())})
+            log_join_info(node, running)
+
+        run_node(app, config.host, config.port, on_started=started)
     return 0
 
 

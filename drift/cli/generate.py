@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from drift.cli._options import add_cache_dir, add_initial_peers, add_swarm_key, add_torch_dtype
 from drift.cli.status import read_swarm
 from drift.identity.tokens import JoinToken, parse_join_tokens
 from drift.wire.errors import BadRequest, DriftError
@@ -26,12 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Generate a reply to PROMPT with the swarm's model, streaming tokens.",
     )
     p.add_argument("prompt", help="the prompt (wrapped in the chat template when there is one)")
-    p.add_argument(
-        "--initial_peers",
-        required=True,
-        nargs="+",
-        help="join tokens (drift://... or multiaddrs) of peers in the swarm",
-    )
+    add_initial_peers(p, required=True)
     p.add_argument(
         "--model",
         default=None,
@@ -44,9 +40,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
     p.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling threshold")
     p.add_argument("--no_chat_template", action="store_true", help="use the prompt as is")
-    p.add_argument("--swarm_key", default=None, help="the swarm's secret key, if not in the token")
-    p.add_argument("--cache_dir", default=None, help="where converted checkpoints are cached")
-    p.add_argument("--torch_dtype", default="float32", help="client dtype (default: float32)")
+    add_swarm_key(p)
+    add_cache_dir(p)
+    add_torch_dtype(p)
     p.set_defaults(func=run)
 
 

@@ -170,6 +170,16 @@ def process_record(
         handle.remove()
 
 
+def _exit(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit, so `process_record`'s cleanup runs during slow startup
+    (loading weights); the node runner replaces it with a graceful leave once serving."""
+    signal.signal(signal.SIGTERM, _exit)
+
+
 def read_records(
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> list[tuple[Path, ProcessRecord | None]]:

@@ -2,7 +2,7 @@
 
 Parses the arguments once into a NodeConfig and a ServerConfig, loads the blocks
 (drift.server.build), mounts the compute routes on the node app and runs it until
-Ctrl+C / SIGTERM. `server_config_from_args` is shared with `drift up`.
+Ctrl+C / SIGTERM, with a process record for `drift down`.
 """
 
 from __future__ import annotations
@@ -10,44 +10,46 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-from pathlib import Path
+from typing import Any
 
-from drift.cli.dht import add_node_options, load_identity, log_join_info, node_config_from_args
+from drift.cli._options import (
+    add_device,
+    add_model,
+    add_node_options,
+    add_torch_dtype,
+)
+from drift.cli.dht import load_identity, log_join_info, node_config_from_args
+from drift.cli.procs import exit_on_sigterm, process_record, resolve_cache_dir
 from drift.wire.errors import BadRequest, DriftError
 
 log = logging.getLogger("drift.server")
 
 
-def add_server_options(p: argparse.ArgumentParser) -> None:
-    """The block-serving options (names as in the Petals docs)."""
-    p.add_argument("model", help="alias (smollm2), local checkpoint dir, .gguf file or Hub id")
+def add_server_options(p: argparse.ArgumentParser, *, num_blocks_default: str = "all") -> None:
+    """The block-serving options of drift server and drift up (names as in the Petals docs)."""
+    add_model(p)
     span = p.add_mutually_exclusive_group()
     span.add_argument(
         "--num_blocks",
         type=int,
         default=None,
-        help="serve this many blocks where the swarm is weakest (default: all)",
+        help=f"serve this many blocks where the swarm is weakest (default: {num_blocks_default})",
     )
     span.add_argument(
         "--block_indices",
         default=None,
         help="serve exactly blocks START:END (half-open), e.g. 0:15",
     )
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:i] | xpu | mps")
-    p.add_argument("--torch_dtype", default="float32", help="float32 | float16 | bfloat16")
-    p.add_argument(
-        "--port",
-        type=int,
-        default=None,
-        help="listen port (overrides the port of --host_maddrs; 0 = any free port)",
-    )
+    add_device(p)
+    add_torch_dtype(p)
     p.add_argument(
         "--attn_cache_tokens",
         type=int,
         default=8192,
         help="KV-cache budget in tokens per served block (default: 8192)",
     )
-    p.add_argument("--max_batch_size", type=int, default=8, help="sequences per request")
+    p.add_argument("--max_batch_size", type=int, default=8,
+                   help="sequences per request or session (default: 8)")  # fmt: skip
     p.add_argument(
         "--inference_max_length",
         type=int,
@@ -70,10 +72,8 @@ def add_server_options(p: argparse.ArgumentParser) -> None:
         "--throughput",
         type=float,
         default=None,
-        help="announced block-tokens/s of one block (default: measured at start)",
+        help="announced block-tokens/s of one block (default: measured once, cached)",
     )
-    p.add_argument("--cache_dir", default=None,
-                   help="cache dir: converted models, throughput measurements")  # fmt: skip
 
 
 def parse_block_indices(text: str | None) -> tuple[int | None, int | None]:
@@ -101,26 +101,38 @@ def server_config_from_args(args: argparse.Namespace):  # -> ServerConfig
         attn_cache_tokens=args.attn_cache_tokens, max_batch_size=args.max_batch_size,
         inference_max_length=args.inference_max_length, session_timeout_s=args.session_timeout,
         max_body_bytes=int(args.max_body_mb * (1 << 20)), throughput=args.throughput,
-        cache_dir=Path(args.cache_dir).expanduser() if args.cache_dir else None,
+        cache_dir=resolve_cache_dir(args.cache_dir),
     )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        node_config = node_config_from_args(args)
+        config = server_config_from_args(args)
+        identity = load_identity(args.identity_path)
+    except DriftError as exc:
+        log.error("%s", exc.message)
+        return 2
+    cache = resolve_cache_dir(args.cache_dir)
+    with process_record("server", cache_dir=cache, peer_id=identity.peer_id,
+                        model=args.model) as rec:  # fmt: skip
+        exit_on_sigterm()  # while loading, SIGTERM (drift down) ends it through `finally`
+        return _load_and_serve(args, rec, identity, node_config, config)
+
+
+def _load_and_serve(args: argparse.Namespace, rec: Any, identity: Any, node_config: Any,
+                    config: Any) -> int:  # fmt: skip
     from drift.cli.up import swarm_records
-    from drift.node import MembershipNode, build_node_app, run_node
+    from drift.node import MembershipNode, RunningApp, build_node_app, run_node
     from drift.server.build import attach_server, load_server
 
     try:
-        node_config = node_config_from_args(args)
-        if args.port is not None:
-            node_config = dataclasses.replace(node_config, port=args.port)
-        config = server_config_from_args(args)
         node_config = dataclasses.replace(node_config, client_max_size=config.max_body_bytes)
         records = []
         if node_config.initial_peers:
             records = swarm_records(node_config.initial_peers, node_config.swarm_key)
         server = load_server(config, records=records)
-        node = MembershipNode(load_identity(args.identity_path), node_config)
+        node = MembershipNode(identity, node_config)
     except DriftError as exc:
         log.error("%s", exc.message)
         return 2
@@ -129,8 +141,13 @@ def run(args: argparse.Namespace) -> int:
              b.start_block, b.end_block, b.model_name, b.dtype_name, server.throughput)  # fmt: skip
     app = build_node_app(node)
     attach_server(app, server, node)
-    run_node(app, node_config.host, node_config.port,
-             on_started=lambda running: log_join_info(node, running))  # fmt: skip
+
+    def started(running: RunningApp) -> None:
+        rec.update(port=running.port, extra={**rec.record.extra, "join_token": str(node.join_token()),
+                                             "blocks": [b.start_block, b.end_block]})  # fmt: skip
+        log_join_info(node, running)
+
+    run_node(app, node_config.host, node_config.port, on_started=started)
     return 0
 
 

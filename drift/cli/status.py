@@ -16,6 +16,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from drift.cli._options import add_initial_peers, add_swarm_key
 from drift.identity.tokens import JoinToken, parse_join_tokens
 from drift.wire.errors import BadRequest, DriftError, PeerUnavailable, from_payload
 
@@ -26,13 +27,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="show the swarm's members and which blocks are covered",
         description="Print the swarm's membership table and block coverage, read from a peer.",
     )
-    p.add_argument(
-        "--initial_peers",
-        required=True,
-        nargs="+",
-        help="join tokens (drift://... or multiaddrs) of peers to ask; the first that answers is used",
-    )
-    p.add_argument("--swarm_key", default=None, help="the swarm's secret key, if not in the token")
+    add_initial_peers(p, required=True)  # asked in order; the first that answers is used
+    add_swarm_key(p)
     p.add_argument("--model", default=None, help="only this model (name or fingerprint)")
     p.add_argument(
         "--timeout", type=float, default=10.0, help="HTTP timeout in seconds (default: 10)"

@@ -9,18 +9,18 @@ drift.server; the background loops (coverage reports, re-balancing) live in _up_
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
-import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from drift.cli._net import DEFAULT_PORT, check_port_free, join_command
-from drift.cli.procs import process_record, resolve_cache_dir
+from drift.cli._net import check_port_free, join_command
+from drift.cli._options import add_node_options, listen_address
+from drift.cli.procs import exit_on_sigterm, process_record, resolve_cache_dir
+from drift.cli.server import add_server_options
 from drift.wire.errors import BadRequest, DriftError
-
-DEMO_MODEL = "smollm2"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -30,78 +30,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Serve as many of MODEL's blocks as fit on this machine. Without --join "
         "it starts a new swarm and prints the command other machines run to join it.",
     )
-    p.add_argument(
-        "model",
-        nargs="?",
-        default=DEMO_MODEL,
-        help=f"alias, local dir, .gguf file or Hub id (default: {DEMO_MODEL})",
-    )
-    p.add_argument(
-        "--join",
-        "--initial_peers",
-        dest="join",
-        nargs="+",
-        default=None,
-        metavar="TOKEN",
-        help="join tokens (drift://...) of the swarm to join",
-    )
-    p.add_argument(
-        "--port",
-        type=int,
-        default=DEFAULT_PORT,
-        help=f"listen port (default: {DEFAULT_PORT}; 0 = any free port)",
-    )
-    p.add_argument("--host", default="0.0.0.0", help="listen address (default: 0.0.0.0)")
-    p.add_argument(
-        "--host_maddrs",
-        default=None,
-        help="listen multiaddr, e.g. /ip4/0.0.0.0/tcp/31337 (overrides --host/--port)",
-    )
-    p.add_argument("--public_ip", default=None, help="address to announce (default: LAN address)")
-    p.add_argument(
-        "--identity_path", default=None, help="Ed25519 key file (default: <cache_dir>/identity.key)"
-    )
-    p.add_argument(
-        "--cache_dir",
-        default=None,
-        help="cache dir: converted models, identity, process records "
-        "(default: $DRIFT_CACHE or ~/.cache/drift)",
-    )
-    p.add_argument(
-        "--num_blocks",
-        type=int,
-        default=None,
-        help="how many blocks to serve (default: as many as fit in free memory)",
-    )
-    p.add_argument("--block_indices", default=None, help="serve exactly these blocks, e.g. 0:15")
-    p.add_argument("--torch_dtype", default="auto", help="float32 | float16 | bfloat16 | auto")
+    add_server_options(p, num_blocks_default="as many as fit in free memory")
     p.add_argument(
         "--quant_type",
         default="none",
         choices=["none", "int8", "nf4"],
         help="weight quantization (default: none)",
     )
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:i] | xpu | mps")
-    p.add_argument(
-        "--attn_cache_tokens",
-        type=int,
-        default=8192,
-        help="KV-cache tokens reserved per served block (default: 8192)",
-    )
-    p.add_argument("--max_batch_size", type=int, default=8, help="sequences per request")
-    p.add_argument(
-        "--inference_max_length",
-        type=int,
-        default=2048,
-        help="longest session a client may open, in tokens",
-    )
-    p.add_argument(
-        "--throughput",
-        type=float,
-        default=None,
-        help="announced block-tokens/s (default: measured once and cached)",
-    )
-    p.add_argument("--swarm_key", default=None, help="secret of a private swarm")
+    add_node_options(p, join_alias=True)
     p.add_argument(
         "--start_delay",
         type=float,
@@ -112,7 +48,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--balance_quality",
         type=float,
         default=0.5,
-        help="re-balance when min/max block throughput falls below this (0 = never)",
+        help="re-balance when min/max block throughput falls below this (default: 0.5; 0 = never)",
     )
     p.add_argument(
         "--mean_balance_check_period",
@@ -136,14 +72,6 @@ def parse_block_indices(text: str | None) -> tuple[int, int] | None:
     return int(start), int(end)
 
 
-def listen_address(args: argparse.Namespace) -> tuple[str, int]:
-    if args.host_maddrs:
-        from drift.identity.tokens import parse_listen_maddr
-
-        return parse_listen_maddr(args.host_maddrs)
-    return args.host, args.port
-
-
 def swarm_records(tokens: tuple[Any, ...], swarm_key: str | None) -> list[Any]:
     """The live records of the swarm behind `tokens`, verified (for picking our span)."""
     from drift.cli.status import read_swarm
@@ -160,6 +88,10 @@ def swarm_records(tokens: tuple[Any, ...], swarm_key: str | None) -> list[Any]:
         if rec.verify() and rec.state == "online" and rec.expires_at > now:
             out.append(rec)
     return out
+
+
+def _swarm_key(args: argparse.Namespace, tokens: tuple[Any, ...]) -> str | None:
+    return args.swarm_key or next((t.swarm_key for t in tokens if t.swarm_key), None)
 
 
 def pick_num_blocks(args: argparse.Namespace, ckpt: Any, cache: Path) -> int | None:
@@ -188,29 +120,26 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from drift.cli.dht import node_config_from_args
     from drift.identity import load_or_create_identity
     from drift.identity.tokens import parse_join_tokens
 
     cache = resolve_cache_dir(args.cache_dir)
+    node_config_from_args(args)  # every network option checked before minutes of loading
     host, port = listen_address(args)
     check_port_free(host, port)  # before minutes of loading, not after
     identity_path = (
         Path(args.identity_path).expanduser() if args.identity_path else cache / "identity.key"
     )
     identity = load_or_create_identity(identity_path)
-    tokens = parse_join_tokens(args.join) if args.join else ()
+    tokens = parse_join_tokens(args.initial_peers)
     span = parse_block_indices(args.block_indices)
     if args.quant_type != "none":
         raise BadRequest("--quant_type int8/nf4 is not supported by the block server yet; use none")
     say(f"peer id {identity.peer_id} (identity {identity_path})")
     with process_record("up", cache_dir=cache, peer_id=identity.peer_id, model=args.model) as rec:
-        # Until the server runs, SIGTERM (drift down) ends the process through `finally`.
-        signal.signal(signal.SIGTERM, _exit_on_signal)
+        exit_on_sigterm()  # until the server runs, SIGTERM (drift down) ends it via `finally`
         return _load_and_serve(args, rec, identity, tokens, span, cache, host, port)
-
-
-def _exit_on_signal(signum: int, _frame: Any) -> None:
-    raise SystemExit(128 + signum)
 
 
 def _load_and_serve(args: argparse.Namespace, rec: Any, identity: Any, tokens: tuple[Any, ...],
@@ -228,7 +157,7 @@ def _load_and_serve(args: argparse.Namespace, rec: Any, identity: Any, tokens: t
             say(f"waiting {delay:.1f}s so servers starting together pick different blocks ...")
             time.sleep(delay)
         say(f"reading the swarm from {tokens[0].to_drift(with_key=False)} ...")
-        records = swarm_records(tokens, args.swarm_key)
+        records = swarm_records(tokens, _swarm_key(args, tokens))
     return serve(args, rec, identity, tokens, ckpt, cache, span, num_blocks, records, host, port)
 
 
@@ -236,20 +165,15 @@ def serve(args: argparse.Namespace, rec: Any, identity: Any, tokens: tuple[Any, 
           cache: Path, span: tuple[int, int] | None, num_blocks: int | None,
           records: list[Any], host: str, port: int) -> int:  # fmt: skip
     from drift.cli._up_loops import start_loops
+    from drift.cli.dht import node_config_from_args
+    from drift.cli.server import server_config_from_args
     from drift.node.app import build_node_app
-    from drift.node.config import NodeConfig
     from drift.node.membership import MembershipNode
     from drift.node.runner import RunningApp, run_node
     from drift.server.build import attach_server, load_server
-    from drift.server.config import ServerConfig
 
-    config = ServerConfig(
-        model=args.model, start_block=span[0] if span else None,
-        end_block=span[1] if span else None, num_blocks=num_blocks, device=args.device,
-        torch_dtype=args.torch_dtype, attn_cache_tokens=args.attn_cache_tokens,
-        max_batch_size=args.max_batch_size, inference_max_length=args.inference_max_length,
-        throughput=args.throughput, cache_dir=cache,
-    )  # fmt: skip
+    config = dataclasses.replace(server_config_from_args(args), num_blocks=num_blocks,
+                                 cache_dir=cache)  # fmt: skip
     say("loading blocks (weights are read block by block) ...")
     t0 = time.perf_counter()
     server = load_server(config, records=records)
@@ -257,8 +181,8 @@ def serve(args: argparse.Namespace, rec: Any, identity: Any, tokens: tuple[Any, 
     say(f"loaded blocks [{b.start_block}, {b.end_block}) of {b.model_name} ({b.num_model_blocks} "
         f"blocks) as {b.dtype_name} in {time.perf_counter() - t0:.1f}s; "
         f"throughput {server.throughput:.1f} block-tokens/s")  # fmt: skip
-    node_config = NodeConfig(host=host, port=port, public_ip=args.public_ip,
-                             initial_peers=tokens, swarm_key=args.swarm_key)  # fmt: skip
+    node_config = dataclasses.replace(node_config_from_args(args), host=host, port=port,
+                                      client_max_size=config.max_body_bytes)  # fmt: skip
     node = MembershipNode(identity, node_config)
     app = build_node_app(node)
     attach_server(app, server, node)

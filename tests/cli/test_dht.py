@@ -55,8 +55,8 @@ class DhtProcess:
             self.proc.kill()
 
 
-async def start_dht(*args: str) -> DhtProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+async def start_dht(cache: Path, *args: str) -> DhtProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), DRIFT_CACHE=str(cache))
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -85,8 +85,8 @@ async def test_dht_processes_join_leave_and_expire(tmp_path: Path) -> None:
         seed, _ = await nodes.start()
         seed_token = seed.join_token().to_drift()
         key_a = tmp_path / "a.key"
-        a = await start_dht("--identity_path", str(key_a), "--initial_peers", seed_token)
-        b = await start_dht("--initial_peers", seed.join_token().to_multiaddr())
+        a = await start_dht(tmp_path, "--identity_path", str(key_a), "--initial_peers", seed_token)
+        b = await start_dht(tmp_path, "--initial_peers", seed.join_token().to_multiaddr())
         procs += [a, b]
         id_a = parse_join_token(await a.ready()).peer_id
         id_b = parse_join_token(await b.ready()).peer_id
@@ -110,7 +110,9 @@ async def test_dht_processes_join_leave_and_expire(tmp_path: Path) -> None:
         await wait_for(lambda: id_b not in live_ids(seed), 5, "SIGKILLed node to expire")
 
         # restart with the same identity file: same peer id, joins again
-        again = await start_dht("--identity_path", str(key_a), "--initial_peers", seed_token)
+        again = await start_dht(
+            tmp_path, "--identity_path", str(key_a), "--initial_peers", seed_token
+        )
         procs.append(again)
         assert parse_join_token(await again.ready()).peer_id == id_a
         await wait_for(lambda: id_a in live_ids(seed), 10, "restarted node to rejoin")

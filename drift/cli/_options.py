@@ -1,0 +1,119 @@
+"""The options several `drift` commands share, defined once: same name, default and help.
+
+`add_node_options` is every swarm member's network/identity set (drift dht, server, up);
+the `add_*` helpers below are the single definitions of --model, --initial_peers,
+--swarm_key, --cache_dir, --torch_dtype and --device. `listen_address` resolves
+--host/--port/--host_maddrs. Pure argparse; nothing here starts anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+DEFAULT_MODEL = "smollm2"
+DEFAULT_HOST = "0.0.0.0"
+DEFAULT_PORT = 31337
+
+MODEL_HELP = "alias (e.g. smollm2), local checkpoint dir, .gguf file or Hub id"
+INITIAL_PEERS_HELP = (
+    "join tokens (drift://<peer_id>@<host>:<port>) or multiaddrs of swarm members, "
+    "space- or comma-separated"
+)
+SWARM_KEY_HELP = "secret of a private swarm (default: the ?key= of a join token, else none)"
+CACHE_DIR_HELP = (
+    "DRIFT's cache dir: converted models, throughput measurements, drift up's identity, "
+    "process records for drift down (default: $DRIFT_CACHE or ~/.cache/drift)"
+)
+TORCH_DTYPE_HELP = (
+    "auto | float32 | float16 | bfloat16 (default: auto = bfloat16 on an accelerator, "
+    "float32 on CPU)"
+)
+DEVICE_HELP = "auto | cpu | cuda[:i] | xpu | mps (default: auto = the best available)"
+
+
+def add_model(p: argparse.ArgumentParser, *, positional: bool = True) -> None:
+    """MODEL (positional, optional) or --model, defaulting to the demo model."""
+    name = "model" if positional else "--model"
+    extra = {"nargs": "?"} if positional else {}
+    p.add_argument(name, default=DEFAULT_MODEL, help=f"{MODEL_HELP} (default: {DEFAULT_MODEL})",
+                   **extra)  # type: ignore[arg-type]  # fmt: skip
+
+
+def add_initial_peers(p: argparse.ArgumentParser, *, required: bool = False,
+                      join_alias: bool = False) -> None:  # fmt: skip
+    """--initial_peers (and, for drift up, its alias --join)."""
+    names = ["--initial_peers", "--join"] if join_alias else ["--initial_peers"]
+    p.add_argument(*names, dest="initial_peers", nargs="+" if required else "*", default=[],
+                   required=required, metavar="TOKEN", help=INITIAL_PEERS_HELP)  # fmt: skip
+
+
+def add_swarm_key(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--swarm_key", default=None, help=SWARM_KEY_HELP)
+
+
+def add_cache_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cache_dir", default=None, help=CACHE_DIR_HELP)
+
+
+def add_torch_dtype(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--torch_dtype", default="auto", help=TORCH_DTYPE_HELP)
+
+
+def add_device(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
+
+
+def add_node_options(p: argparse.ArgumentParser, *, join_alias: bool = False) -> None:
+    """The options every swarm member takes (drift dht / server / up), identical in each."""
+    p.add_argument(
+        "--host",
+        default=DEFAULT_HOST,
+        help=f"listen address (default: {DEFAULT_HOST}, all interfaces, so peers on other "
+        "machines reach this node; 127.0.0.1 keeps a swarm on this machine)",
+    )
+    p.add_argument("--port", type=int, default=DEFAULT_PORT,
+                   help=f"listen port (default: {DEFAULT_PORT}; 0 = any free port)")  # fmt: skip
+    p.add_argument(
+        "--host_maddrs",
+        default=None,
+        help="listen multiaddr instead of --host/--port, e.g. /ip4/0.0.0.0/tcp/31337 "
+        "(overrides both)",
+    )
+    p.add_argument(
+        "--announce_maddrs",
+        nargs="*",
+        default=[],
+        help="multiaddrs others reach this node at, e.g. /ip4/203.0.113.5/tcp/31337 "
+        "(default: derived from the listen address)",
+    )
+    p.add_argument(
+        "--public_ip",
+        default=None,
+        help="announce this IP with the listening port, e.g. behind NAT with a forwarded "
+        "port (default: the --host address; the LAN address when listening on all interfaces)",
+    )
+    p.add_argument(
+        "--identity_path",
+        default=None,
+        help="Ed25519 key file, created (mode 0600) on first start and reused so the peer id "
+        "stays the same (default: <cache_dir>/identity.key for drift up; a new identity "
+        "every start for drift dht and drift server)",
+    )
+    add_initial_peers(p, join_alias=join_alias)
+    add_swarm_key(p)
+    p.add_argument("--gossip_interval", type=float, default=5.0,
+                   help="mean seconds between gossip rounds (default: 5)")  # fmt: skip
+    p.add_argument("--record_ttl", type=float, default=30.0,
+                   help="seconds after which a silent peer is dropped (default: 30)")  # fmt: skip
+    p.add_argument("--fanout", type=int, default=3,
+                   help="peers contacted per gossip round (default: 3)")  # fmt: skip
+    add_cache_dir(p)
+
+
+def listen_address(args: argparse.Namespace) -> tuple[str, int]:
+    """(host, port) from --host_maddrs when given, else from --host and --port."""
+    if args.host_maddrs:
+        from drift.identity.tokens import parse_listen_maddr
+
+        return parse_listen_maddr(args.host_maddrs)
+    return str(args.host), int(args.port)
