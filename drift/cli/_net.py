@@ -24,7 +24,9 @@ def check_port_free(host: str, port: int) -> None:
         try:
             sock.bind((host, port))
         except OSError as exc:
-            why = "is already in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc})"
+            why = (
+                "is already in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc})"
+            )
             raise BadRequest(
                 f"port {port} on {host or 'all interfaces'} {why}: another drift (see `drift down "
                 f"--list`) or another program holds it. Pick another with --port, e.g. "

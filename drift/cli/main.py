@@ -11,7 +11,16 @@ from collections.abc import Sequence
 from drift import __version__
 
 # One module per subcommand, in the order `drift --help` lists them.
-COMMAND_MODULES: tuple[str, ...] = ("up", "down", "demo", "generate", "status", "dht", "server", "api")
+COMMAND_MODULES: tuple[str, ...] = (
+    "up",
+    "down",
+    "demo",
+    "generate",
+    "status",
+    "dht",
+    "server",
+    "api",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
