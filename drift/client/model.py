@@ -125,6 +125,15 @@ def _num_blocks(config: PretrainedConfig) -> int:
 
 
 class DistributedModelForCausalLM(DistributedPreTrainedModel, GenerationMixin):
+    """A causal LM whose decoder blocks run on the swarm; the client computes embeddings,
+    final norm and logits, so logits and generate() match local transformers.
+
+    Hidden states: with `output_hidden_states=True` (argument or config) `hidden_states` is
+    the 2-tuple `(embeddings, final normed state)` -- the first and last entries of the
+    tuple transformers returns. Per-layer states stay on the servers; for the output of
+    blocks [0, k) run `model.model.layers[:k](embeddings)`. Without the flag it is None.
+    """
+
     def get_input_embeddings(self) -> nn.Module:
         return self.head.embed_tokens
 
@@ -149,9 +158,13 @@ class DistributedModelForCausalLM(DistributedPreTrainedModel, GenerationMixin):
             loss = nn.functional.cross_entropy(
                 logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100
             )
-        last = self.head.norm(hidden.to(self.head.dtype))
+        states = None
+        if output_hidden_states or (
+            output_hidden_states is None and self.config.output_hidden_states
+        ):
+            states = (inputs_embeds, self.head.norm(hidden.to(self.head.dtype)))
         return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache,
-                                      hidden_states=(inputs_embeds, last))  # fmt: skip
+                                      hidden_states=states)  # fmt: skip
 
     def _run_blocks(
         self, input_ids: torch.Tensor | None, embeds: torch.Tensor,

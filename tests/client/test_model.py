@@ -154,3 +154,26 @@ async def test_sliced_layers_and_gradients(tiny_dirs):
         assert (hidden.grad - ref_in.grad).abs().max() < 1e-4
 
     await _with_model(model_dir, [(0, 2), (2, 4)], check)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+async def test_output_hidden_states_are_first_and_last_of_hf(tiny_dirs, family):
+    model_dir = tiny_dirs(family)
+    local = _local(model_dir)
+    ids = torch.tensor([[3, 14, 15, 92, 65]])
+
+    def check(model, swarm):
+        with torch.no_grad():
+            plain = model(ids)
+            out = model(ids, output_hidden_states=True)
+            ref = local(ids, output_hidden_states=True)
+        assert plain.hidden_states is None
+        assert len(out.hidden_states) == 2 and len(ref.hidden_states) == 5
+        assert (out.hidden_states[0] - ref.hidden_states[0]).abs().max() < 1e-5
+        assert (out.hidden_states[-1] - ref.hidden_states[-1]).abs().max() < 1e-4
+        # a per-layer state: run the first k blocks explicitly
+        with torch.no_grad():
+            mid = model.model.layers[:2](out.hidden_states[0])
+        assert (mid - ref.hidden_states[2]).abs().max() < 1e-4
+
+    await _with_model(model_dir, [(0, 2), (2, 4)], check)
