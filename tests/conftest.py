@@ -6,3 +6,19 @@ import os
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def smollm2_cache(tmp_path_factory):
+    """A DRIFT cache dir holding SmolLM2-135M-Instruct converted from its GGUF, once per run.
+
+    Pass it as `cache_dir=` (or DRIFT_CACHE for subprocesses) so later opens skip conversion.
+    """
+    from drift.models.checkpoint import open_checkpoint
+
+    cache = tmp_path_factory.mktemp("drift-cache-smollm2")
+    open_checkpoint("smollm2", cache_dir=cache)
+    return cache

@@ -66,7 +66,7 @@ def _reference(tiny: Tiny, ids, weights, prompts=None):
 def test_input_grads_match_full_model(tiny: Tiny) -> None:
     gen = torch.Generator().manual_seed(5)
     ids = torch.randint(0, 256, (2, 6), generator=gen)
-    weights = torch.randn(2, 6, 256, generator=gen)
+    weights = torch.randn(2, 6, tiny.reference.config.vocab_size, generator=gen)
     got, _ = _spans_backward(tiny, ids, weights)
     ref, _ = _reference(tiny, ids, weights)
     assert ref is not None and ref.abs().max() > 0
@@ -76,7 +76,7 @@ def test_input_grads_match_full_model(tiny: Tiny) -> None:
 def test_deep_prompt_grads_match_hooked_full_model(tiny: Tiny) -> None:
     gen = torch.Generator().manual_seed(6)
     ids = torch.randint(0, 256, (2, 6), generator=gen)
-    weights = torch.randn(2, 6, 256, generator=gen)
+    weights = torch.randn(2, 6, tiny.reference.config.vocab_size, generator=gen)
     hidden = tiny.reference.config.hidden_size
     prompts = torch.randn(tiny.num_layers, 2, 3, hidden, generator=gen) * 0.1
     got_h, got_p = _spans_backward(tiny, ids, weights, prompts)

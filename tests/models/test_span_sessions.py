@@ -6,8 +6,6 @@ import torch
 
 from tests.models.conftest import Tiny
 
-TOL = 1e-5
-
 
 def _open(tiny: Tiny, batch: int, max_length: int = 16):
     return [span.new_session(batch_size=batch, max_length=max_length) for span in tiny.spans]
@@ -43,8 +41,8 @@ def test_left_padded_batch_matches_each_sequence_alone(tiny: Tiny) -> None:
         expected += [_step(tiny, alone, steps[row : row + 1, i : i + 1])[:, -1] for i in range(3)]
         for got, want in zip(outs, expected, strict=True):
             assert torch.isfinite(got).all()
-            torch.testing.assert_close(got[row : row + 1], want, atol=TOL, rtol=0)
-        torch.testing.assert_close(stateless[row, -1:], expected[-1], atol=TOL, rtol=0)
+            torch.testing.assert_close(got[row : row + 1], want, atol=tiny.batch_tol, rtol=0)
+        torch.testing.assert_close(stateless[row, -1:], expected[-1], atol=tiny.batch_tol, rtol=0)
 
 
 def _run_stateless(tiny: Tiny, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -71,11 +69,13 @@ def test_beam_reorder_matches_reordered_histories(tiny: Tiny) -> None:
     new = torch.randint(0, 256, (3, 1), generator=gen)
     got = _step(tiny, sessions, new, hypo_ids=hypo_ids)[:, -1]
     expected = _alone(tiny, torch.cat([history[hypo_ids], new], dim=1))
-    torch.testing.assert_close(got, expected, atol=TOL, rtol=0)
+    torch.testing.assert_close(got, expected, atol=tiny.batch_tol, rtol=0)
     more = torch.randint(0, 256, (3, 1), generator=gen)
     got = _step(tiny, sessions, more, hypo_ids=torch.tensor([1, 2, 0]))[:, -1]
     rows = torch.cat([history[hypo_ids], new], dim=1)[torch.tensor([1, 2, 0])]
-    torch.testing.assert_close(got, _alone(tiny, torch.cat([rows, more], 1)), atol=TOL, rtol=0)
+    torch.testing.assert_close(
+        got, _alone(tiny, torch.cat([rows, more], 1)), atol=tiny.batch_tol, rtol=0
+    )
 
 
 def test_rollback_matches_a_fresh_run(tiny: Tiny) -> None:
@@ -92,7 +92,9 @@ def test_rollback_matches_a_fresh_run(tiny: Tiny) -> None:
     assert [s.position for s in sessions] == [7, 7]
     history = torch.cat([prompt[:, :5], other], dim=1)
     expected = _alone(tiny, history)
-    torch.testing.assert_close(got[:, -1], expected, atol=TOL, rtol=0)
+    torch.testing.assert_close(got[:, -1], expected, atol=tiny.batch_tol, rtol=0)
     nxt = torch.randint(0, 256, (1, 1), generator=gen)
     got = _step(tiny, sessions, nxt)[:, -1]
-    torch.testing.assert_close(got, _alone(tiny, torch.cat([history, nxt], 1)), atol=TOL, rtol=0)
+    torch.testing.assert_close(
+        got, _alone(tiny, torch.cat([history, nxt], 1)), atol=tiny.batch_tol, rtol=0
+    )
