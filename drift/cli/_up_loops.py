@@ -1,15 +1,15 @@
 """The background loops of `drift up`: coverage reports and re-balancing.
 
 The coverage loop prints which blocks are missing whenever that changes (peers joining and
-leaving). The balance loop asks drift.swarm.selection whether this server should move; a
-move loads the new span first, drains live sessions, then swaps, so no gap is ever left.
+leaving). The balance loop asks drift.swarm.selection whether this server should move;
+BlockServer.move_to loads the new span first, drains live sessions, then swaps and
+re-announces, so no gap is ever left.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import random
 from typing import Any
@@ -53,52 +53,34 @@ async def coverage_loop(node: Any, fingerprint: str) -> None:
 
 
 async def balance_loop(node: Any, server: Any, ckpt: Any, args: argparse.Namespace) -> None:
-    from drift.swarm.coverage import records_for_model
-    from drift.swarm.selection import choose_rebalance
-
     period = args.mean_balance_check_period
     while True:
         await asyncio.sleep(period * random.uniform(0.5, 1.5))
-        b = server.backend
-        records = records_for_model(node.live_records(), b.fingerprint)
-        target = choose_rebalance(records, node.peer_id, b.num_model_blocks,
-                                  min_ratio=args.balance_quality)  # fmt: skip
-        if target is None:
-            continue
-        print(f"the swarm is unbalanced: moving from blocks [{b.start_block}, {b.end_block}) "
-              f"to [{target[0]}, {target[1]})", flush=True)  # fmt: skip
         try:
-            await move_span(node, server, ckpt, *target)
+            await balance_once(node, server, ckpt, min_ratio=args.balance_quality)
         except Exception:  # a failed move keeps serving the old span
             log.exception("re-balancing failed; still serving the old blocks")
 
 
-async def move_span(node: Any, server: Any, ckpt: Any, start: int, end: int) -> None:
-    """Load [start, end) alongside the old span, drain sessions, then swap and announce."""
-    from drift.models.span import ModelSpan
-    from drift.server.backend import SpanBackend
-    from drift.server.budget import CacheBudget
-    from drift.server.sessions import SessionManager
+def rebalance_target(node: Any, server: Any, *, min_ratio: float) -> tuple[int, int] | None:
+    """Where this server should move, from the node's live records of its model (or None)."""
+    from drift.swarm.coverage import records_for_model
+    from drift.swarm.selection import choose_rebalance
 
-    old = server.backend
-    loop = asyncio.get_running_loop()
-    span = await loop.run_in_executor(
-        old.executor, lambda: ModelSpan.load(ckpt, start, end, dtype=old.span.dtype,
-                                             device=old.span.device),
-    )  # fmt: skip
-    backend = SpanBackend(span, model_name=old.model_name, fingerprint=old.fingerprint,
-                          max_batch_size=old.max_batch_size, quant=old.quant)  # fmt: skip
-    deadline = loop.time() + DRAIN_TIMEOUT_S
-    while server.sessions.sessions and loop.time() < deadline:
-        await asyncio.sleep(0.5)  # live sessions finish on the old span
-    cfg = server.config
-    server.backend = backend
-    server.budget = CacheBudget(cfg.attn_cache_tokens, backend.n_blocks)
-    old_sessions = server.sessions
-    server.sessions = SessionManager(backend, server.budget, max_length=cfg.inference_max_length,
-                                     timeout_s=cfg.session_timeout_s)  # fmt: skip
-    with contextlib.suppress(Exception):
-        old_sessions.close_all()
-    node.announce(**server.record_fields())
-    old.close()
-    print(f"now serving blocks [{start}, {end})", flush=True)
+    b = server.backend
+    records = records_for_model(node.live_records(), b.fingerprint)
+    return choose_rebalance(records, node.peer_id, b.num_model_blocks, min_ratio=min_ratio)
+
+
+async def balance_once(node: Any, server: Any, ckpt: Any, *, min_ratio: float,
+                       drain_timeout_s: float = DRAIN_TIMEOUT_S) -> tuple[int, int] | None:  # fmt: skip
+    """One balance check: move (BlockServer.move_to) when the swarm is unbalanced; the target."""
+    target = rebalance_target(node, server, min_ratio=min_ratio)
+    if target is None:
+        return None
+    b = server.backend
+    print(f"the swarm is unbalanced: moving from blocks [{b.start_block}, {b.end_block}) "
+          f"to [{target[0]}, {target[1]})", flush=True)  # fmt: skip
+    await server.move_to(*target, ckpt=ckpt, drain_timeout_s=drain_timeout_s)
+    print(f"now serving blocks [{target[0]}, {target[1]})", flush=True)
+    return target

@@ -18,7 +18,7 @@ import torch
 from drift.server.backend import SpanBackend
 from drift.server.budget import CacheBudget
 from drift.wire.checks import ACTIVATION_DTYPES
-from drift.wire.errors import BadTensor, LengthExceeded, UnknownSession
+from drift.wire.errors import BadTensor, Busy, LengthExceeded, UnknownSession
 from drift.wire.messages import OpenSession, SessionOpened, StepRequest, StepResponse
 
 log = logging.getLogger(__name__)
@@ -44,8 +44,11 @@ class SessionManager:
         self.max_length = max_length  # tokens: the largest max_length a session may ask for
         self.timeout_s = timeout_s  # seconds of idleness before a session is closed
         self.sessions: dict[str, Session] = {}
+        self.refusing: str | None = None  # why new sessions are refused (a span move), or None
 
     async def open(self, req: OpenSession) -> tuple[Session, SessionOpened]:
+        if self.refusing is not None:
+            raise Busy(self.refusing)
         self.backend.check(req.model, req.start_block, req.end_block, req.batch_size)
         if req.max_length > self.max_length:
             raise LengthExceeded(

@@ -44,6 +44,16 @@ class BlockServer:
         })  # fmt: skip
         self.sockets: set[web.WebSocketResponse] = set()
         self.state = "online"
+        self.moving_to: tuple[int, int] | None = None  # the span a running move_to loads
+
+    async def move_to(self, start_block: int, end_block: int, *, ckpt: Any = None,
+                      drain_timeout_s: float | None = None) -> None:  # fmt: skip
+        """Serve [start_block, end_block) instead: load it, drain old sessions (new ones get
+        a retryable `busy`), swap, re-announce (drift.server.move.move_span)."""
+        from drift.server.move import DRAIN_TIMEOUT_S, move_span
+
+        timeout = DRAIN_TIMEOUT_S if drain_timeout_s is None else drain_timeout_s
+        await move_span(self, start_block, end_block, ckpt=ckpt, drain_timeout_s=timeout)
 
     def describe(self) -> dict[str, Any]:
         b = self.backend
