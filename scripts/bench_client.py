@@ -1,17 +1,33 @@
 """Decode tokens/s of the swarm against local transformers generate() on the same model.
 
-SmolLM2 (open_checkpoint("smollm2")) served by 2 and then 3 in-process block servers on
-loopback; greedy decoding of `--new` tokens; prints tokens/s for local, each swarm, and
-the ratio swarm/local (Petals 2.2 gets 0.41x).
+SmolLM2 served by 2 and 3 `drift server` processes on 127.0.0.1 (each one compute thread);
+greedy decoding of `--new` tokens; local, 2-server and 3-server runs interleaved `--reps`
+times; prints medians, the ratio swarm/local (Petals 2.2 gets 0.41x) and where a swarm token's
+time goes: client head (embed + logits), each hop's round trip, each server's step time
+(from its /metrics) and what is left (generate() and client glue).
+
+Threads: local runs with torch.set_num_threads(1); every server process gets
+OMP_NUM_THREADS=1 and the client too. Decoding is a pipeline, so one process computes at a
+time: one compute thread busy at any moment on both sides (the fair comparison here; the
+machine has 2 cores, shared).
+
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_client.py --new 32 --reps 5
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import os
+import re
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
+from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -20,44 +36,216 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from drift.client import AutoDistributedModelForCausalLM  # noqa: E402
+from drift.client.transport import SpanSocket  # noqa: E402
 from drift.models.checkpoint import open_checkpoint  # noqa: E402
-from tests.client.conftest import start_swarm, stop_swarm  # noqa: E402
+
+PROMPT = torch.tensor([[1, 504, 2365, 3290, 253]])
 
 
-def decode_rate(model, ids: torch.Tensor, new: int) -> float:
-    model.generate(ids, max_new_tokens=2, do_sample=False)  # warm up
-    start = time.perf_counter()
+class Timers:
+    """Seconds spent per label, filled by the wrappers below during one timed generate()."""
+
+    def __init__(self) -> None:
+        self.total: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self.on = False
+
+    def wrap(self, label_of: Any, fn: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if self.on:
+                    label = label_of(args)
+                    self.total[label] += time.perf_counter() - t0
+                    self.calls[label] += 1
+
+        return timed
+
+    def wrap_async(self, label_of: Any, fn: Any) -> Any:
+        async def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return await fn(*args, **kwargs)
+            finally:
+                if self.on:
+                    label = label_of(args)
+                    self.total[label] += time.perf_counter() - t0
+                    self.calls[label] += 1
+
+        return timed
+
+
+TIMERS = Timers()
+SpanSocket.step = TIMERS.wrap_async(  # type: ignore[method-assign]
+    lambda a: f"hop [{a[0].hop.start_block:>2}, {a[0].hop.end_block:>2}) round trip",
+    SpanSocket.step,
+)
+
+
+class ServerProcs:
+    """`drift server` processes over consecutive spans, joined into one swarm."""
+
+    def __init__(self, model: str, spans: list[tuple[int, int]], tmp: Path) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.urls: list[str] = []
+        self.spans = spans
+        self.token = ""
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        for i, (start, end) in enumerate(spans):
+            log = tmp / f"server-{start}-{end}.log"
+            cmd = [sys.executable, "-m", "drift.cli", "server", model, "--block_indices",
+                   f"{start}:{end}", "--host_maddrs", "/ip4/127.0.0.1/tcp/0",
+                   "--throughput", "100", "--cache_dir", str(tmp)]  # fmt: skip
+            if i:
+                cmd += ["--initial_peers", self.token]
+            with open(log, "wb") as out:
+                self.procs.append(subprocess.Popen(cmd, stdout=out, stderr=out, env=env))
+            text = self._wait_for(log, r"join token: (\S+)")
+            port = re.search(r"listening on 127\.0\.0\.1:(\d+)", text)
+            assert port, text
+            self.urls.append(f"http://127.0.0.1:{port.group(1)}")
+            self.token = self.token or re.search(r"join token: (\S+)", text).group(1)  # type: ignore[union-attr]
+
+    def _wait_for(self, log: Path, pattern: str, timeout: float = 180) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = log.read_text(errors="replace")
+            if re.search(pattern, text):
+                return text
+            if self.procs[-1].poll() is not None:
+                raise RuntimeError(f"server exited:\n{text}")
+            time.sleep(0.2)
+        raise TimeoutError(f"no {pattern!r} in {log}")
+
+    def step_seconds(self) -> list[tuple[float, int]]:
+        """(sum, count) of each server's inference step latency, from its /metrics."""
+        out = []
+        for url in self.urls:
+            with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+                text = resp.read().decode()
+            total = re.search(r"^drift_step_latency_seconds_sum (\S+)", text, re.M)
+            count = re.search(r"^drift_step_latency_seconds_count (\S+)", text, re.M)
+            out.append((float(total.group(1)), int(count.group(1))))  # type: ignore[union-attr]
+        return out
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def wait_covered(model: Any, num_blocks: int, timeout: float = 120) -> None:
+    """Until the client's swarm view routes every block (gossip may lag a few seconds)."""
+    client = model.client
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            client.run(client.swarm.refresh(force=True))
+            client.run(client.route(0, num_blocks, inference=True))
+            return
+        except Exception:  # noqa: BLE001 -- MissingBlocks until every record arrives
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def timed_generate(model: Any, new: int) -> float:
+    """Seconds per generated token of one greedy generate() of exactly `new` tokens."""
     with torch.no_grad():
-        model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)
-    return new / (time.perf_counter() - start)
+        start = time.perf_counter()
+        model.generate(PROMPT, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+        return (time.perf_counter() - start) / new
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def run_swarm(model: Any, procs: ServerProcs, new: int, rows: dict[str, list[float]]) -> float:
+    """One timed generate() on the swarm; appends per-token ms of each part to `rows`."""
+    before = procs.step_seconds()
+    TIMERS.total.clear()
+    TIMERS.on = True
+    try:
+        per_token = timed_generate(model, new)
+    finally:
+        TIMERS.on = False
+    after = procs.step_seconds()
+    accounted = 0.0
+    for label, seconds in sorted(TIMERS.total.items()):
+        rows[label].append(seconds / new * 1e3)
+        accounted += seconds
+    for (a, b), (s0, _), (s1, _) in zip(procs.spans, before, after, strict=True):
+        rows[f"  server [{a:>2}, {b:>2}) step time (in its hop)"].append((s1 - s0) / new * 1e3)
+    rows["generate() + client glue (rest)"].append((per_token * new - accounted) / new * 1e3)
+    return per_token
+
+
+def instrument_head(model: Any) -> None:
+    head = model.head
+    head.embed = TIMERS.wrap(lambda a: "client embed", head.embed)
+    head.logits = TIMERS.wrap(lambda a: "client norm + lm_head", head.logits)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--new", type=int, default=32)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--parts", default="2,3", help="server counts to bench, e.g. 2,3")
     args = parser.parse_args()
     torch.set_num_threads(1)
     directory = open_checkpoint(args.model).path
-    ids = torch.tensor([[1, 504, 2365, 3290, 253]])
     local = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
-    local_rate = decode_rate(local, ids, args.new)
-    print(f"local transformers: {local_rate:.2f} tokens/s")
     n = local.config.num_hidden_layers
-    for parts in (2, 3):
-        bounds = [n * i // parts for i in range(parts + 1)]
-        swarm = await start_swarm(directory, list(zip(bounds, bounds[1:], strict=False)))
+    parts = [int(p) for p in args.parts.split(",")]
+    swarms: dict[int, tuple[ServerProcs, Any]] = {}
+    rates: dict[str, list[float]] = defaultdict(list)
+    rows: dict[int, dict[str, list[float]]] = {p: defaultdict(list) for p in parts}
+    with tempfile.TemporaryDirectory() as tmp:
         try:
-            model = await asyncio.to_thread(
-                AutoDistributedModelForCausalLM.from_pretrained, directory,
-                initial_peers=swarm.token,
-            )  # fmt: skip
-            rate = await asyncio.to_thread(decode_rate, model, ids, args.new)
-            await asyncio.to_thread(model.close)
+            for p in parts:
+                bounds = [n * i // p for i in range(p + 1)]
+                procs = ServerProcs(
+                    str(directory), list(zip(bounds, bounds[1:], strict=False)), Path(tmp)
+                )
+                model = AutoDistributedModelForCausalLM.from_pretrained(
+                    directory, initial_peers=procs.token
+                )
+                swarms[p] = (procs, model)
+                wait_covered(model, n)
+                instrument_head(model)
+                model.generate(PROMPT, max_new_tokens=4, do_sample=False)  # warm up
+            local.generate(PROMPT, max_new_tokens=4, do_sample=False)
+            for rep in range(args.reps):
+                rates["local"].append(1 / timed_generate(local, args.new))
+                for p, (procs, model) in swarms.items():
+                    rates[f"{p} servers"].append(1 / run_swarm(model, procs, args.new, rows[p]))
+                print(f"rep {rep + 1}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in rates.items()),
+                      flush=True)  # fmt: skip
         finally:
-            await stop_swarm(swarm)
-        print(f"swarm, {parts} servers: {rate:.2f} tokens/s  ratio {rate / local_rate:.2f}x")
+            for procs, model in swarms.values():
+                model.close()
+                procs.stop()
+    report(args, rates, rows)
+
+
+def report(args: Any, rates: dict[str, list[float]], rows: dict[int, dict[str, list[float]]]):
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    print(f"\n{args.model}, {args.new} new tokens after a {PROMPT.shape[1]}-token prompt, "
+          f"medians of {args.reps} interleaved runs, 1 compute thread per process")  # fmt: skip
+    print(f"local transformers: {med['local']:6.2f} tokens/s  ({1e3 / med['local']:.1f} ms/token)")
+    for p, parts in rows.items():
+        rate = med[f"{p} servers"]
+        print(f"swarm, {p} servers: {rate:6.2f} tokens/s  ({1e3 / rate:.1f} ms/token)  "
+              f"ratio {rate / med['local']:.2f}x")  # fmt: skip
+        for label, values in parts.items():
+            print(f"    {label:<42} {statistics.median(values):7.2f} ms/token")
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

@@ -144,7 +144,8 @@ class DistributedModelForCausalLM(DistributedPreTrainedModel, GenerationMixin):
         self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
         cache: RemoteCache | None = None, inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None, position_ids: Any = None, use_cache: bool | None = None,
-        return_dict: bool | None = None, output_hidden_states: bool | None = None, **kwargs: Any,
+        return_dict: bool | None = None, output_hidden_states: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0, **kwargs: Any,
     ) -> CausalLMOutputWithPast:  # fmt: skip
         if inputs_embeds is None:
             if input_ids is None:
@@ -152,7 +153,8 @@ class DistributedModelForCausalLM(DistributedPreTrainedModel, GenerationMixin):
             inputs_embeds = self.head.embed(input_ids)  # [B, T, H]
         cache = cache if cache is not None else self._active
         hidden = self._run_blocks(input_ids, inputs_embeds, attention_mask, cache)
-        logits = self.head.logits(hidden)
+        # generate() asks for the last position only: no [T, vocab] head over a whole prompt
+        logits = self.head.logits(hidden if labels is not None else _kept(hidden, logits_to_keep))
         loss = None
         if labels is not None:
             loss = nn.functional.cross_entropy(
@@ -229,6 +231,13 @@ class DistributedModelForCausalLM(DistributedPreTrainedModel, GenerationMixin):
         """Close the sessions generate() opened for itself (none when one was active)."""
         while self._owned:
             self._owned.pop().session.close()
+
+
+def _kept(hidden: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
+    """The positions transformers' `logits_to_keep` selects: last n (0 = all) or indices."""
+    if isinstance(logits_to_keep, int):
+        return hidden[:, -logits_to_keep:] if logits_to_keep > 0 else hidden
+    return hidden[:, logits_to_keep]
 
 
 def _resume_inputs(active: RemoteCache, inputs: torch.Tensor | None, kwargs: dict) -> tuple:

@@ -145,7 +145,8 @@ class SpanSocket:
 
     async def _receive(self) -> aiohttp.WSMessage:
         try:
-            msg = await asyncio.wait_for(self.ws.receive(), self.config.step_timeout_s)
+            # receive's own timeout: no extra Task per step, as asyncio.wait_for would make
+            msg = await self.ws.receive(timeout=self.config.step_timeout_s)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise PeerUnavailable(f"{self.hop.peer_id}: {exc!r}", peer_id=self.hop.peer_id) from exc
         if msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED,
