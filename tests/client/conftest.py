@@ -102,3 +102,10 @@ def tiny_dirs(tmp_path_factory):
         return cache[family]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct converted from its GGUF into a checkpoint dir, once per run."""
+    cache = tmp_path_factory.mktemp("client-smollm2")
+    return Path(open_checkpoint("smollm2", cache_dir=cache).path)
