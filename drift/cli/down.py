@@ -13,6 +13,7 @@ import signal
 import time
 from pathlib import Path
 
+from drift.cli._options import add_cache_dir
 from drift.cli.procs import ProcessRecord, read_records, run_dir, send_signal, wait_for_exit
 
 
@@ -36,11 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         choices=["up", "server", "dht", "api", "demo"],
         help="only these kinds of process (repeatable; default: all)",
     )
-    p.add_argument(
-        "--cache_dir",
-        default=None,
-        help="DRIFT's cache dir holding the process records (default: $DRIFT_CACHE or ~/.cache/drift)",
-    )
+    add_cache_dir(p)
     p.set_defaults(func=run)
 
 

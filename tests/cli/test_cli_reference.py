@@ -1,0 +1,77 @@
+"""The CLI reference: scripts/gen_cli_reference.py covers every flag of every command, and
+README.md's "## CLI reference" section (pasted from it) is complete and invents nothing."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from drift.cli.main import build_parser
+
+REPO = Path(__file__).resolve().parents[2]
+FLAG_RE = re.compile(r"(?<![\w-])--[a-z][a-z0-9_]*")
+
+
+def flags_by_command() -> dict[str, set[str]]:
+    parser = build_parser()
+    out: dict[str, set[str]] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out[name] = {
+                    s for a in sub._actions for s in a.option_strings
+                    if s.startswith("--") and s != "--help"
+                }  # fmt: skip
+    return out
+
+
+def global_flags() -> set[str]:
+    return {s for a in build_parser()._actions for s in a.option_strings if s.startswith("--")}
+
+
+def reference_section(text: str) -> str | None:
+    lines = text.splitlines()
+    try:
+        start = next(i for i, ln in enumerate(lines) if ln.strip() == "## CLI reference")
+    except StopIteration:
+        return None
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return "\n".join(lines[start + 1 : end])
+
+
+def check(section: str) -> None:
+    """Every command and flag is in `section`; no table row names a flag no command has."""
+    by_cmd = flags_by_command()
+    assert len(by_cmd) >= 8
+    for cmd, flags in by_cmd.items():
+        assert f"drift {cmd}" in section, f"command {cmd} is not in the reference"
+        missing = sorted(f for f in flags if not re.search(rf"`{re.escape(f)}`", section))
+        assert not missing, f"drift {cmd}: flags missing from the reference: {missing}"
+    known = set().union(*by_cmd.values()) | global_flags()
+    rows = [ln for ln in section.splitlines() if ln.lstrip().startswith("|")]
+    unknown = sorted({f for row in rows for f in FLAG_RE.findall(row)} - known)
+    assert not unknown, f"the reference names flags no command has: {unknown}"
+
+
+def test_generated_reference_is_complete() -> None:
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gen_cli_reference.py")],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    check(proc.stdout)
+    with pytest.raises(AssertionError, match="no command has"):
+        check(proc.stdout + "\n| `--no_such_flag` | - | invented |\n")
+    with pytest.raises(AssertionError, match="missing"):
+        check(proc.stdout.replace("`--swarm_key`", "`swarm key`"))
+
+
+def test_readme_cli_reference_section() -> None:
+    readme = REPO / "README.md"
+    section = reference_section(readme.read_text()) if readme.is_file() else None
+    if section is None:
+        pytest.skip("README has no CLI reference section")
+    check(section)
