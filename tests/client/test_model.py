@@ -144,7 +144,7 @@ async def test_sliced_layers_and_gradients(tiny_dirs):
         from transformers.masking_utils import create_causal_mask
 
         causal = create_causal_mask(config=local.config, inputs_embeds=ref, attention_mask=None,
-                                    past_key_values=None, position_ids=pos)  # fmt: skip
+                                    cache=None, position_ids=pos)  # fmt: skip
         for layer in local.model.layers[1:3]:
             ref = layer(ref, attention_mask=causal, position_embeddings=emb, position_ids=pos)
             ref = ref[0] if isinstance(ref, tuple) else ref
