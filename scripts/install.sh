@@ -136,7 +136,10 @@ else
   run python3 -m venv "$VENV"
   run "$PY" -m pip install --upgrade pip
   if [ "$DEVICE" = cpu ] && pip_has_find_links && [ -z "${DRIFT_TORCH_INDEX:-}" ]; then
-    # A local torch wheel is configured (find-links): let pip take it from there.
+    # A local torch wheel is configured (find-links): take torch from there (a CPU build,
+    # not the newest CUDA build an index may offer), then its dependencies from the index.
+    echo "+ $PY -m pip install --no-index --no-deps torch  # if none is there: the index's"
+    if [ "$DRY_RUN" = 0 ]; then "$PY" -m pip install --no-index --no-deps torch || true; fi
     run "$PY" -m pip install torch
   else
     run "$PY" -m pip install torch --extra-index-url "$TORCH_INDEX"

@@ -11,6 +11,13 @@ import logging
 import sys
 from typing import Any
 
+from drift.cli._options import (
+    add_cache_dir,
+    add_initial_peers,
+    add_model,
+    add_swarm_key,
+    add_torch_dtype,
+)
 from drift.wire.errors import DriftError
 
 log = logging.getLogger(__name__)
@@ -23,9 +30,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Serve MODEL (run by the swarm behind --initial_peers) on /v1/models, "
         "/v1/chat/completions and /v1/completions, streamed or not.",
     )
-    p.add_argument("model", help="alias, local dir, .gguf or Hub id of the swarm's model")
-    p.add_argument("--initial_peers", nargs="+", default=[],
-                   help="join tokens (drift://... or multiaddrs) of peers in the swarm")  # fmt: skip
+    add_model(p)
+    add_initial_peers(p)
     p.add_argument("--local", action="store_true",
                    help="run the whole model in this process instead (no swarm; for trials)")  # fmt: skip
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
@@ -35,15 +41,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no_auth", action="store_true", help="accept requests without any API key")
     p.add_argument("--served_model_name", default=None,
                    help="the model id clients send (default: MODEL as given)")  # fmt: skip
-    p.add_argument("--swarm_key", default=None, help="the swarm's secret key, if not in the token")
+    add_swarm_key(p)
     p.add_argument("--max_concurrent", type=int, default=4,
                    help="requests generating at once (default: 4)")  # fmt: skip
     p.add_argument("--queue_size", type=int, default=32,
                    help="requests waiting for a slot before HTTP 429 (default: 32)")  # fmt: skip
     p.add_argument("--default_max_tokens", type=int, default=512,
                    help="completion length when a request names none (default: 512)")  # fmt: skip
-    p.add_argument("--cache_dir", default=None, help="where converted checkpoints are cached")
-    p.add_argument("--torch_dtype", default="float32", help="client dtype (default: float32)")
+    add_cache_dir(p)
+    add_torch_dtype(p)
     p.set_defaults(func=run)
 
 
@@ -56,11 +62,11 @@ def _engine(args: argparse.Namespace, model_id: str) -> Any:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from drift.models.checkpoint import open_checkpoint
+        from drift.models.devices import parse_dtype
 
         ckpt = open_checkpoint(args.model, cache_dir=args.cache_dir)
-        model = AutoModelForCausalLM.from_pretrained(
-            ckpt.path, dtype=getattr(torch, args.torch_dtype)
-        ).eval()
+        dtype = parse_dtype(args.torch_dtype, torch.device("cpu"))
+        model = AutoModelForCausalLM.from_pretrained(ckpt.path, dtype=dtype).eval()
         tokenizer = AutoTokenizer.from_pretrained(ckpt.path)
         return CausalLMEngine(model, tokenizer, model_id=model_id)
     from drift.cli.generate import load_client
@@ -85,6 +91,7 @@ def _check(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from drift.api.app import ApiConfig, build_api_app
     from drift.api.service import ServiceConfig
+    from drift.cli.procs import process_record, resolve_cache_dir
     from drift.node.runner import run_node
 
     problem = _check(args)
@@ -104,9 +111,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"drift api: {exc.message}", file=sys.stderr)
         return 1
 
-    def started(running: Any) -> None:
-        print(f"OpenAI-compatible API for {model_id!r} on "
-              f"http://{running.host}:{running.port}/v1", file=sys.stderr, flush=True)  # fmt: skip
+    cache_dir = resolve_cache_dir(args.cache_dir)
+    with process_record("api", cache_dir=cache_dir, model=model_id) as record:
 
-    run_node(build_api_app(engine, config), args.host, args.port, on_started=started)
+        def started(running: Any) -> None:
+            record.update(port=running.port)
+            print(f"OpenAI-compatible API for {model_id!r} on "
+                  f"http://{running.host}:{running.port}/v1", file=sys.stderr, flush=True)  # fmt: skip
+
+        run_node(build_api_app(engine, config), args.host, args.port, on_started=started)
     return 0

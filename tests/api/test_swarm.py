@@ -50,7 +50,7 @@ async def _api_over(model_dir, local_model, spans) -> AsyncIterator[tuple]:
 async def _blocks(swarm) -> list[dict]:
     async with aiohttp.ClientSession() as http:
         out = []
-        for running, *_ in swarm.servers:
+        for running in swarm.servers:
             async with http.get(f"{running.url}/blocks") as r:
                 out.append(await r.json())
         return out
