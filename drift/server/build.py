@@ -1,7 +1,8 @@
 """Building a block server from a ServerConfig: checkpoint, span choice, weights, throughput.
 
 Functions `drift server` and `drift up` both use: `load_server` (torch work, blocking),
-`attach_server` (routes on the node's app + first announce), `warn_dtype_mismatch`.
+`attach_server` (routes on the node's app + first announce), `warn_dtype_mismatch`,
+`warn_revision_mismatch`.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def load_server(config: ServerConfig, *, records: list[Any] | None = None) -> Bl
     device = pick_device(config.device)
     dtype = parse_dtype(config.torch_dtype, device)
     warn_dtype_mismatch(same_model, dtype_name(dtype))
+    warn_revision_mismatch(list(records or []), ckpt.name, ckpt.fingerprint)
     log.info("loading %s blocks [%d, %d) as %s on %s", ckpt.name, start, end, dtype, device)
     span = ModelSpan.load(ckpt, start, end, dtype=dtype, device=device)
     backend = SpanBackend(span, model_name=ckpt.name, fingerprint=ckpt.fingerprint,
@@ -72,6 +74,22 @@ def warn_dtype_mismatch(records: list[Any], dtype: str) -> list[str]:
         log.warning(
             "%d peer(s) serve this model in another dtype than %s (%s): outputs may differ "
             "slightly between routes", len(others), dtype, ", ".join(p[:16] for p in others),
+        )  # fmt: skip
+    return others
+
+
+def warn_revision_mismatch(records: list[Any], name: str, fingerprint: str) -> list[str]:
+    """Log (and return) the peers serving a model of this name with another fingerprint.
+
+    Such peers never join this server's chains (routing matches fingerprints), so a swarm
+    split between two revisions of one checkpoint has two half-covered models.
+    """
+    others = [r.peer_id for r in records
+              if r.model == name and r.model_fingerprint not in (None, fingerprint)]  # fmt: skip
+    if others:
+        log.warning(
+            "%d peer(s) serve %s with another config or revision (%s): they cannot share "
+            "chains with this server", len(others), name, ", ".join(p[:16] for p in others),
         )  # fmt: skip
     return others
 

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from drift.cli.server import parse_block_indices
-from drift.server.build import warn_dtype_mismatch
+from drift.server.build import warn_dtype_mismatch, warn_revision_mismatch
 from drift.wire.errors import BadRequest
 
 
@@ -27,6 +27,15 @@ def test_block_indices_and_dtype_warning(caplog):
              SimpleNamespace(peer_id="12D3KooWb", dtype="float32")]  # fmt: skip
     assert warn_dtype_mismatch(peers, "float32") == ["12D3KooWa"]
     assert "another dtype" in caplog.text
+
+
+def test_revision_warning(caplog):
+    peers = [SimpleNamespace(peer_id="12D3KooWa", model="m", model_fingerprint="f1"),
+             SimpleNamespace(peer_id="12D3KooWb", model="m", model_fingerprint="f2"),
+             SimpleNamespace(peer_id="12D3KooWc", model="other", model_fingerprint="f3")]  # fmt: skip
+    assert warn_revision_mismatch(peers, "m", "f1") == ["12D3KooWb"]
+    assert "another config or revision" in caplog.text
+    assert warn_revision_mismatch(peers[:1], "m", "f1") == []
 
 
 def test_drift_server_process(tiny_llama, tmp_path):
