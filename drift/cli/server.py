@@ -18,6 +18,7 @@ from drift.cli._options import (
     add_node_options,
     add_torch_dtype,
 )
+from drift.cli._progress import progress_bar
 from drift.cli.dht import load_identity, log_join_info, node_config_from_args
 from drift.cli.procs import exit_on_sigterm, process_record, resolve_cache_dir
 from drift.wire.errors import BadRequest, DriftError
@@ -131,7 +132,7 @@ def _load_and_serve(args: argparse.Namespace, rec: Any, identity: Any, node_conf
         records = []
         if node_config.initial_peers:
             records = swarm_records(node_config.initial_peers, node_config.swarm_key)
-        server = load_server(config, records=records)
+        server = load_server(config, records=records, progress=progress_bar("loading blocks"))
         node = MembershipNode(identity, node_config)
     except DriftError as exc:
         log.error("%s", exc.message)

@@ -18,6 +18,7 @@ from typing import Any
 
 from drift.cli._net import check_port_free, join_command
 from drift.cli._options import add_node_options, listen_address
+from drift.cli._progress import progress_bar
 from drift.cli.procs import exit_on_sigterm, process_record, resolve_cache_dir
 from drift.cli.server import add_server_options
 from drift.wire.errors import BadRequest, DriftError
@@ -176,7 +177,7 @@ def serve(args: argparse.Namespace, rec: Any, identity: Any, tokens: tuple[Any, 
                                  cache_dir=cache)  # fmt: skip
     say("loading blocks (weights are read block by block) ...")
     t0 = time.perf_counter()
-    server = load_server(config, records=records)
+    server = load_server(config, records=records, progress=progress_bar("loading blocks"))
     b = server.backend
     say(f"loaded blocks [{b.start_block}, {b.end_block}) of {b.model_name} ({b.num_model_blocks} "
         f"blocks) as {b.dtype_name} in {time.perf_counter() - t0:.1f}s; "

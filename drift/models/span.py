@@ -7,6 +7,7 @@ a KV cache. Family specifics live in the adapter; sessions live in drift.models.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -67,7 +68,9 @@ class ModelSpan(torch.nn.Module):
         *,
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
+        progress: Callable[[int, int], None] | None = None,
     ) -> ModelSpan:
+        """Load blocks [start_block, end_block) alone; `progress(done, total)` after each."""
         adapter = get_adapter(ckpt.config)
         if not 0 <= start_block < end_block <= adapter.num_layers:
             raise BadRequest(
@@ -77,9 +80,11 @@ class ModelSpan(torch.nn.Module):
         if dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise BadRequest(f"unsupported dtype {dtype}; use float32, float16 or bfloat16")
         device = torch.device(device)
-        layers = [
-            _load_layer(adapter, ckpt, i, dtype, device) for i in range(start_block, end_block)
-        ]
+        layers = []
+        for i in range(start_block, end_block):
+            layers.append(_load_layer(adapter, ckpt, i, dtype, device))
+            if progress is not None:
+                progress(len(layers), end_block - start_block)
         return cls(adapter, layers, start_block, end_block, dtype, device)
 
     def num_parameters(self) -> int:

@@ -8,6 +8,7 @@ Functions `drift server` and `drift up` both use: `load_server` (torch work, blo
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -46,8 +47,16 @@ def resolve_span(
     return choose_span(records, num_model_blocks, n_blocks)
 
 
-def load_server(config: ServerConfig, *, records: list[Any] | None = None) -> BlockServer:
-    """Open the checkpoint, load this server's blocks, measure (or take) its throughput."""
+def load_server(
+    config: ServerConfig,
+    *,
+    records: list[Any] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> BlockServer:
+    """Open the checkpoint, load this server's blocks, measure (or take) its throughput.
+
+    `progress(done, total)` is called after each block is loaded.
+    """
     ckpt = open_checkpoint(config.model, cache_dir=config.cache_dir, revision=config.revision)
     num_model_blocks = int(ckpt.config.num_hidden_layers)
     same_model = records_for_model(list(records or []), ckpt.fingerprint)
@@ -57,7 +66,7 @@ def load_server(config: ServerConfig, *, records: list[Any] | None = None) -> Bl
     warn_dtype_mismatch(same_model, dtype_name(dtype))
     warn_revision_mismatch(list(records or []), ckpt.name, ckpt.fingerprint)
     log.info("loading %s blocks [%d, %d) as %s on %s", ckpt.name, start, end, dtype, device)
-    span = ModelSpan.load(ckpt, start, end, dtype=dtype, device=device)
+    span = ModelSpan.load(ckpt, start, end, dtype=dtype, device=device, progress=progress)
     backend = SpanBackend(span, model_name=ckpt.name, fingerprint=ckpt.fingerprint,
                           max_batch_size=config.max_batch_size)  # fmt: skip
     throughput = config.throughput

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from drift.models.span import ModelSpan
 from tests.models.conftest import Tiny
 
 TOL = 1e-5
@@ -84,3 +85,11 @@ def test_span_parameters_are_its_blocks_only(tiny: Tiny) -> None:
         assert sum(p.numel() for p in span.parameters()) == expected
     total = sum(p.numel() for p in tiny.reference.parameters())
     assert tiny.spans[0].num_parameters() + tiny.spans[1].num_parameters() < total
+
+
+def test_load_reports_progress_per_block(tiny: Tiny) -> None:
+    calls: list[tuple[int, int]] = []
+    ModelSpan.load(
+        tiny.ckpt, 0, tiny.split, progress=lambda done, total: calls.append((done, total))
+    )
+    assert calls == [(i, tiny.split) for i in range(1, tiny.split + 1)]
