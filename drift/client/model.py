@@ -2,13 +2,16 @@
 
 The client holds embeddings, final norm and head (ClientHead) and optional prompt tuning;
 `model.model.layers` is a RemoteSequential. transformers' own generate() drives it: a
-RemoteCache stands for the remote session (length, beam reordering via hypo_ids), and
-several generate() calls can share one `with model.inference_session(max_length=...)`.
+RemoteCache stands for the remote session (length, beam reordering via hypo_ids). State is
+per call: generate() from several threads at once each opens (and closes) its own sessions;
+`with model.inference_session(...)` applies to its own thread, and `generate(ids,
+session=s)` continues an explicit session from any thread.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -55,8 +58,9 @@ class DistributedPreTrainedModel(PreTrainedModel):
         )
         if self.ptune is not None:
             self.head.requires_grad_(False)
-        self._active: RemoteCache | None = None
-        self._owned: list[RemoteCache] = []
+        self._calls = _ThreadCalls()  # per thread: active session cache, sessions to close
+        self._caches: dict[int, RemoteCache] = {}  # id(session) -> its cache, open sessions only
+        self._caches_lock = threading.Lock()
 
     @classmethod
     def from_pretrained(  # type: ignore[override]
@@ -98,22 +102,60 @@ class DistributedPreTrainedModel(PreTrainedModel):
             mask = torch.cat([mask.new_ones(b, p), mask], dim=1)
         return embeds, mask, self.ptune.prompts(b, embeds.dtype), p
 
+    @property
+    def _active(self) -> RemoteCache | None:
+        """The cache of this thread's `with model.inference_session()`, if any."""
+        return self._calls.active
+
+    @property
+    def _owned(self) -> list[RemoteCache]:
+        """Caches of the sessions this thread's running generate() opened for itself."""
+        return self._calls.owned
+
     @contextlib.contextmanager
     def inference_session(
         self, *, max_length: int, batch_size: int = 1
     ) -> Iterator[InferenceSession]:
-        """Keep one remote session across several generate() / forward calls."""
-        if self._active is not None:
-            raise RuntimeError("an inference session is already active on this model")
-        session = self.model.layers.inference_session(
-            max_length=max_length, batch_size=batch_size, dtype=self.dtype
-        )
-        self._active = RemoteCache(session, owned=False)
+        """Keep one remote session across several generate() / forward calls of this thread.
+
+        Other threads do not see it; they may use it explicitly with `generate(ids,
+        session=s)` (one call at a time per session). Closed when the block exits.
+        """
+        if self._calls.active is not None:
+            raise RuntimeError("an inference session is already active in this thread")
+        session = self.open_session(max_length=max_length, batch_size=batch_size)
+        self._calls.active = self.cache_for(session)
         try:
             yield session
         finally:
-            self._active = None
+            self._calls.active = None
             session.close()
+            with self._caches_lock:
+                self._caches.pop(id(session), None)
+
+    def open_session(self, *, max_length: int, batch_size: int = 1) -> InferenceSession:
+        """A new remote session over all blocks; the caller closes it (or uses `with`)."""
+        return self.model.layers.inference_session(
+            max_length=max_length, batch_size=batch_size, dtype=self.dtype
+        )
+
+    def cache_for(self, session: InferenceSession) -> RemoteCache:
+        """The one RemoteCache standing for `session` (what generate(session=...) uses)."""
+        with self._caches_lock:
+            for key in [k for k, c in self._caches.items() if c.session.closed]:
+                del self._caches[key]
+            cache = self._caches.get(id(session))
+            if cache is None or cache.session is not session:
+                cache = self._caches[id(session)] = RemoteCache(session, owned=False)
+            return cache
+
+
+class _ThreadCalls(threading.local):
+    """Per-thread generation state of one model."""
+
+    def __init__(self) -> None:
+        self.active: RemoteCache | None = None
+        self.owned: list[RemoteCache] = []
 
 
 def _num_blocks(config: PretrainedConfig) -> int:
@@ -202,35 +244,44 @@ class DistributedModelForCausalLM(DistributedPreTrainedModel, GenerationMixin):
     ) -> None:  # fmt: skip
         if model_kwargs.get("cache") is not None:
             return
-        if self._active is not None:
-            model_kwargs["cache"] = self._active
-            return
         prefix = self.ptune.pre_seq_len if self.ptune is not None else 0
         beams = max(generation_config.num_beams or 1, generation_config.num_return_sequences or 1)
-        session = self.model.layers.inference_session(
-            max_length=max_cache_length + prefix, batch_size=batch_size * beams, dtype=self.dtype
+        session = self.open_session(
+            max_length=max_cache_length + prefix, batch_size=batch_size * beams
         )
         model_kwargs["cache"] = RemoteCache(session, owned=True)
-        self._owned.append(model_kwargs["cache"])
+        self._calls.owned.append(model_kwargs["cache"])
 
-    def generate(self, inputs: torch.Tensor | None = None, *args: Any, **kwargs: Any) -> Any:
-        """transformers' generate(); inside a session, continues where the last call stopped."""
-        active = self._active
-        if active is not None and active.session.position > 0:
-            inputs, kwargs = _resume_inputs(active, inputs, kwargs)
-        cache_before = kwargs.get("cache")
+    def generate(
+        self, inputs: torch.Tensor | None = None, *args: Any,
+        session: InferenceSession | None = None, **kwargs: Any,
+    ) -> Any:  # fmt: skip
+        """transformers' generate(), safe to call from several threads at once.
+
+        With `session=` (from `open_session()` / `inference_session()`), or inside this
+        thread's `with model.inference_session(...)`, it continues where the last call in
+        that session stopped; otherwise it opens its own sessions and closes them on return.
+        """
+        if session is not None:
+            if kwargs.get("cache") is not None:
+                raise ValueError("give generate() either session= or cache=, not both")
+            active: RemoteCache | None = self.cache_for(session)
+        else:
+            active = self._calls.active if kwargs.get("cache") is None else None
+        if active is not None:
+            if active.session.position > 0:
+                inputs, kwargs = _resume_inputs(active, inputs, kwargs)
+            kwargs["cache"] = active
+        outer, self._calls.owned = self._calls.owned, []
         try:
             out = super().generate(inputs, *args, **kwargs)
         finally:
-            self._close_owned(cache_before)
+            owned, self._calls.owned = self._calls.owned, outer
+            for cache in owned:
+                cache.session.close()
         if active is not None:
             active.last_sequences = out if isinstance(out, torch.Tensor) else out.sequences
         return out
-
-    def _close_owned(self, cache_before: Any) -> None:
-        """Close the sessions generate() opened for itself (none when one was active)."""
-        while self._owned:
-            self._owned.pop().session.close()
 
 
 def _kept(hidden: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
