@@ -17,6 +17,9 @@ _SDK_NAMES = {
     "DistributedLlamaForCausalLM",
     "RemoteSequential",
     "InferenceSession",
+    "DistributedModelForCausalLM",
+    "ClientConfig",
+    "load_tokenizer",
 }
 
 

@@ -12,6 +12,7 @@ from drift.client.auto import (
     DistributedLlamaForCausalLM,
 )
 from drift.client.config import ClientConfig
+from drift.client.loading import load_tokenizer
 from drift.client.model import DistributedModelForCausalLM
 from drift.client.sequential import RemoteSequential
 from drift.client.session import InferenceSession
@@ -24,4 +25,5 @@ __all__ = [
     "DistributedModelForCausalLM",
     "InferenceSession",
     "RemoteSequential",
+    "load_tokenizer",
 ]

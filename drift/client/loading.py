@@ -3,6 +3,7 @@
 Resolves a Hub name, model directory or GGUF path through drift.models.open_checkpoint
 (reading only the client's tensors), accepts dtype= and the older torch_dtype=, and
 parses initial peers (join tokens or multiaddrs, with an optional swarm key).
+`load_tokenizer` gives the tokenizer for the same names.
 """
 
 from __future__ import annotations
@@ -71,3 +72,21 @@ def load_parts(
         config = dataclasses.replace(config, swarm_key=key)
     client = RemoteClient(tokens, ckpt.fingerprint, config)
     return ckpt, head, client, torch_dt
+
+
+def load_tokenizer(
+    name_or_path: str | Path, *, cache_dir: str | Path | None = None, revision: str | None = None
+) -> Any:
+    """The tokenizer for a model alias ("smollm2"), model dir, .gguf file or Hub id.
+
+    Resolved like the model itself (drift.models.open_checkpoint, no block weights read),
+    so `load_tokenizer(name)` pairs with `from_pretrained(name, initial_peers=...)`.
+    """
+    from transformers import AutoTokenizer
+
+    from drift.models.checkpoint import open_checkpoint
+
+    cache = Path(cache_dir) if cache_dir is not None else None
+    ckpt = open_checkpoint(str(name_or_path), cache_dir=cache, revision=revision,
+                           blocks=range(0))  # fmt: skip
+    return AutoTokenizer.from_pretrained(ckpt.path)
