@@ -127,6 +127,13 @@ class Browser:
             mobile=mobile,
         )
 
+    async def set_color_scheme(self, scheme: str) -> None:
+        """Emulate `prefers-color-scheme: light|dark` for the page."""
+        await self.send(
+            "Emulation.setEmulatedMedia",
+            features=[{"name": "prefers-color-scheme", "value": scheme}],
+        )
+
     async def navigate(self, url: str) -> None:
         await self.send("Page.navigate", url=url)
 
