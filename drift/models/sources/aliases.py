@@ -72,6 +72,19 @@ ALIASES: dict[str, Alias] = {
 }
 
 
+def find_alias(text: str) -> Alias | None:
+    """The alias named `text`, by its short name or its model's display name (any case).
+
+    Records carry the display name ("SmolLM2-135M-Instruct"), so a join command built from a
+    record (the dashboard's) resolves to the same demo model as `smollm2`.
+    """
+    folded = text.casefold()
+    for key, alias in ALIASES.items():
+        if folded in (key.casefold(), alias.name.casefold()):
+            return alias
+    return None
+
+
 def resolve_alias(alias: Alias, cache_dir: Path) -> Path:
     """The GGUF file behind `alias`; NotFound with the install command if it is missing."""
     package_dir = _package_dir(alias.package)
