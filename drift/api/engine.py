@@ -5,6 +5,8 @@
 stopping criterion, one choice at a time, and reports each new token through a callback.
 `generate` is blocking (run it on an executor); it knows nothing of HTTP or asyncio.
 A `cache_factory` gives each generation its own cache (for a swarm: its own sessions).
+`generate_batch` runs several requests as one left-padded batch (per-row sampling and
+penalties, per-row stop: a row reports `on_done` the step it finishes).
 """
 
 from __future__ import annotations
@@ -20,7 +22,14 @@ import torch
 from transformers import LogitsProcessorList, StoppingCriteriaList
 
 from drift.api.protocol import ChatMessage
-from drift.api.sampling import LogprobRecorder, PenaltyProcessor, SeededSampler, TokenTap
+from drift.api.sampling import (
+    BatchTap,
+    LogprobRecorder,
+    PenaltyProcessor,
+    RowProcessors,
+    SeededSampler,
+    TokenTap,
+)
 from drift.wire.errors import BadRequest
 
 
@@ -39,6 +48,18 @@ class TokenEvent:
     token_id: int
     logprob: float | None  # log-probability under the model (None when not asked)
     top: tuple[tuple[int, float], ...]  # best alternatives (token id, log-prob)
+
+
+@dataclass(frozen=True)
+class BatchRow:
+    """One request of a batch: what `generate` takes, plus `on_done` (called once)."""
+
+    prompt_ids: Sequence[int]
+    params: GenerationParams
+    generator: torch.Generator
+    on_token: Callable[[TokenEvent], None]
+    cancel: threading.Event
+    on_done: Callable[..., None]  # on_done() when the row ends; on_done(exc) on failure
 
 
 # max_length -> a context manager yielding the `cache=` to pass to generate(), closed after
@@ -117,16 +138,7 @@ class CausalLMEngine:
     ) -> None:
         """Generate one choice, calling `on_token` for every new token (EOS included)."""
         input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long)  # [1, P]
-        processors = LogitsProcessorList()
-        recorder = LogprobRecorder() if params.top_logprobs is not None else None
-        if recorder is not None:
-            processors.append(recorder)
-        if params.presence_penalty or params.frequency_penalty:
-            processors.append(
-                PenaltyProcessor(len(prompt_ids), params.presence_penalty, params.frequency_penalty)
-            )
-        if params.temperature > 0:
-            processors.append(SeededSampler(params.temperature, params.top_p, generator))
+        processors, recorder = self._processors(len(prompt_ids), params, generator)
 
         def tap(token_id: int) -> None:
             on_token(self._event(token_id, recorder, params.top_logprobs))
@@ -138,18 +150,67 @@ class CausalLMEngine:
         )
         with torch.inference_mode(), cache_cm as cache:
             extra = {"cache": cache} if cache is not None else {}
-            self.model.generate(
-                input_ids,
-                **extra,
-                attention_mask=torch.ones_like(input_ids),
-                max_new_tokens=params.max_new_tokens,
-                do_sample=False,  # sampling, when asked, is SeededSampler's job
-                num_beams=1,
-                eos_token_id=sorted(self.eos_token_ids) or None,
-                pad_token_id=self.pad_token_id,
-                logits_processor=processors,
-                stopping_criteria=StoppingCriteriaList([TokenTap(tap, cancel)]),
+            self._generate(input_ids, torch.ones_like(input_ids), params.max_new_tokens,
+                           processors, TokenTap(tap, cancel), extra)  # fmt: skip
+
+    def generate_batch(self, rows: Sequence[BatchRow]) -> None:
+        """Generate several requests as one left-padded batch; each row stops on its own
+        (EOS, its max_new_tokens, its cancel) and gets `on_done` at that step."""
+        width = max(len(r.prompt_ids) for r in rows)
+        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)  # [B, W]
+        row_processors, taps = [], []
+        for i, row in enumerate(rows):
+            n = len(row.prompt_ids)
+            input_ids[i, width - n :] = torch.tensor(list(row.prompt_ids), dtype=torch.long)
+            mask[i, width - n :] = 1
+            procs, recorder = self._processors(width, row.params, row.generator)
+            row_processors.append(procs)
+            taps.append(self._row_tap(row, recorder))
+        stop = BatchTap(taps, [r.params.max_new_tokens for r in rows],
+                        [r.cancel for r in rows], [r.on_done for r in rows],
+                        self.eos_token_ids)  # fmt: skip
+        max_new = max(r.params.max_new_tokens for r in rows)
+        with torch.inference_mode():
+            self._generate(input_ids, mask, max_new, LogitsProcessorList([RowProcessors(
+                row_processors)]), stop, {})  # fmt: skip
+        stop.finish_all()
+
+    def _row_tap(self, row: BatchRow, recorder: LogprobRecorder | None) -> Callable[[int], None]:
+        def tap(token_id: int) -> None:
+            row.on_token(self._event(token_id, recorder, row.params.top_logprobs))
+
+        return tap
+
+    def _processors(
+        self, prompt_length: int, params: GenerationParams, generator: torch.Generator
+    ) -> tuple[LogitsProcessorList, LogprobRecorder | None]:
+        processors = LogitsProcessorList()
+        recorder = LogprobRecorder() if params.top_logprobs is not None else None
+        if recorder is not None:
+            processors.append(recorder)
+        if params.presence_penalty or params.frequency_penalty:
+            processors.append(
+                PenaltyProcessor(prompt_length, params.presence_penalty, params.frequency_penalty)
             )
+        if params.temperature > 0:
+            processors.append(SeededSampler(params.temperature, params.top_p, generator))
+        return processors, recorder
+
+    def _generate(self, input_ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int,
+                  processors: LogitsProcessorList, stop: Any, extra: dict) -> None:  # fmt: skip
+        self.model.generate(
+            input_ids,
+            **extra,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,  # sampling, when asked, is SeededSampler's job
+            num_beams=1,
+            eos_token_id=sorted(self.eos_token_ids) or None,
+            pad_token_id=self.pad_token_id,
+            logits_processor=processors,
+            stopping_criteria=StoppingCriteriaList([stop]),
+        )
 
     @staticmethod
     def _event(token_id: int, recorder: LogprobRecorder | None, k: int | None) -> TokenEvent:

@@ -6,13 +6,14 @@
   global RNG, so concurrent seeded requests stay reproducible) and leaves only the drawn
   token finite, so greedy selection in `generate()` picks it.
 - `TokenTap` sees each new token, reports it, and stops generation when cancelled.
+- `RowProcessors` / `BatchTap`: the same per row of a batch of separate requests.
 Plain torch + transformers; no I/O, no asyncio.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 
 import torch
 from transformers import LogitsProcessor, StoppingCriteria
@@ -72,3 +73,51 @@ class TokenTap(StoppingCriteria):
         self.on_token(int(input_ids[0, -1]))
         stop = self.cancel.is_set()
         return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
+
+
+class RowProcessors(LogitsProcessor):
+    """Row i's scores go through row i's own processors (a batch of separate requests)."""
+
+    def __init__(self, rows: Sequence[Callable[..., torch.Tensor]]) -> None:
+        self.rows = list(rows)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        out = [procs(input_ids[i : i + 1], scores[i : i + 1]) for i, procs in enumerate(self.rows)]
+        return torch.cat(out, dim=0)
+
+
+class BatchTap(StoppingCriteria):
+    """Per row of a batch: report each new token until the row ends (EOS, its own token
+    budget, or cancelled), then call its `on_done` at once; stop when every row has."""
+
+    def __init__(
+        self, taps: Sequence[Callable[[int], None]], budgets: Sequence[int],
+        cancels: Sequence[threading.Event], on_done: Sequence[Callable[[], None]],
+        eos: Collection[int],
+    ) -> None:  # fmt: skip
+        self.taps, self.budgets, self.cancels = list(taps), list(budgets), list(cancels)
+        self.on_done = list(on_done)
+        self.eos = eos
+        self.counts = [0] * len(self.taps)
+        self.done = [False] * len(self.taps)
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        for i, tap in enumerate(self.taps):
+            if self.done[i]:
+                continue
+            token = int(input_ids[i, -1])
+            tap(token)
+            self.counts[i] += 1
+            if token in self.eos or self.counts[i] >= self.budgets[i] or self.cancels[i].is_set():
+                self._finish(i)
+        return torch.tensor(self.done, dtype=torch.bool, device=input_ids.device)
+
+    def _finish(self, i: int) -> None:
+        self.done[i] = True
+        self.on_done[i]()
+
+    def finish_all(self) -> None:
+        """After generate() returned: end the rows still open."""
+        for i in range(len(self.taps)):
+            if not self.done[i]:
+                self._finish(i)

@@ -5,6 +5,8 @@
 thread and streams its tokens back through an asyncio queue as text deltas, applying
 stop strings. Closing the iterator cancels the generation before its next token and waits
 for the thread, so the request's sessions are freed before its slot is. No HTTP here.
+With `max_batch` > 1, choices waiting together run as one batch (`generate_batch`); each
+still streams on its own and completes the step its row ends, not when the batch does.
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ import contextlib
 import secrets
 import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
-from drift.api.engine import CausalLMEngine, GenerationParams, TokenEvent
+from drift.api.engine import BatchRow, CausalLMEngine, GenerationParams, TokenEvent
 from drift.api.protocol import SamplingOptions
 from drift.api.textstream import StopTextStream
 from drift.wire.errors import Busy, LengthExceeded, NotFound
@@ -30,6 +32,8 @@ class ServiceConfig:
     max_concurrent: int = 4  # requests generating at once (each holds its own sessions)
     queue_size: int = 32  # requests allowed to wait for a slot; more get HTTP 429
     default_max_tokens: int = 512  # new tokens per choice when a request names none
+    max_batch: int = 1  # choices generated together as one batch (1 = no batching)
+    batch_wait_s: float = 0.01  # how long a lone choice waits for others to batch with
 
 
 @dataclass(frozen=True)
@@ -51,8 +55,8 @@ _DONE = object()
 
 class GenerationService:
     def __init__(self, engine: CausalLMEngine, config: ServiceConfig) -> None:
-        if config.max_concurrent < 1 or config.queue_size < 0:
-            raise ValueError("max_concurrent must be >= 1 and queue_size >= 0")
+        if config.max_concurrent < 1 or config.queue_size < 0 or config.max_batch < 1:
+            raise ValueError("max_concurrent and max_batch must be >= 1 and queue_size >= 0")
         self.engine = engine
         self.config = config
         self.executor = ThreadPoolExecutor(config.max_concurrent, thread_name_prefix="drift-api")
@@ -60,6 +64,10 @@ class GenerationService:
         self.waiting = 0  # requests queued for a slot
         self.active = 0  # generate() calls running on the executor
         self.tokens_generated = 0  # all tokens produced since start (written by the threads)
+        self._pending: list[tuple[BatchRow, Future[None]]] = []  # choices waiting for a batch
+        self._batches = 0  # batches running
+        self._max_batches = max(1, config.max_concurrent // config.max_batch)
+        self._kick_scheduled = False
 
     def close(self) -> None:
         self.executor.shutdown(wait=True, cancel_futures=True)
@@ -152,7 +160,11 @@ class GenerationService:
                 loop.call_soon_threadsafe(queue.put_nowait, _DONE)
 
         self.active += 1
-        future = loop.run_in_executor(self.executor, job)
+        if self.config.max_batch > 1:
+            future = asyncio.wrap_future(self._submit_row(prompt_ids, params, generator,
+                                                          on_token, cancel, queue))  # fmt: skip
+        else:
+            future = loop.run_in_executor(self.executor, job)
         try:
             async for event in self._consume(index, queue, future, params, stops, cancel):
                 yield event
@@ -161,6 +173,52 @@ class GenerationService:
             with contextlib.suppress(BaseException):
                 await asyncio.shield(future)
             self.active -= 1
+
+    # -- batching -----------------------------------------------------------------------
+    def _submit_row(self, prompt_ids: Sequence[int], params: GenerationParams,
+                    generator: torch.Generator, on_token, cancel: threading.Event,
+                    queue: asyncio.Queue[object]) -> Future[None]:  # fmt: skip
+        """Queue one choice for the next batch; the future ends when its row does."""
+        loop = asyncio.get_running_loop()
+        done: Future[None] = Future()
+
+        def on_done(exc: BaseException | None = None) -> None:  # on the batch's thread
+            if not done.done():
+                if exc is None:
+                    done.set_result(None)
+                else:
+                    done.set_exception(exc)
+                loop.call_soon_threadsafe(queue.put_nowait, _DONE)
+
+        row = BatchRow(list(prompt_ids), params, generator, on_token, cancel, on_done)
+        self._pending.append((row, done))
+        if not self._kick_scheduled:
+            self._kick_scheduled = True
+            loop.call_later(self.config.batch_wait_s, self._kick)
+        return done
+
+    def _kick(self) -> None:
+        """Start batches from the waiting choices while fewer than allowed are running."""
+        self._kick_scheduled = False
+        loop = asyncio.get_running_loop()
+        while self._pending and self._batches < self._max_batches:
+            batch = self._pending[: self.config.max_batch]
+            del self._pending[: len(batch)]
+            self._batches += 1
+            running = loop.run_in_executor(self.executor, self._batch_job, batch)
+            running.add_done_callback(self._batch_ended)
+
+    def _batch_ended(self, _: object) -> None:
+        self._batches -= 1
+        if not self._kick_scheduled:  # else the open wait window starts the next batch
+            self._kick()
+
+    def _batch_job(self, batch: list[tuple[BatchRow, Future[None]]]) -> None:
+        try:
+            self.engine.generate_batch([row for row, _ in batch])
+        except BaseException as exc:  # every row still open fails with it
+            for row, _ in batch:
+                row.on_done(exc)  # no-op for rows already ended
 
     async def _consume(
         self,
