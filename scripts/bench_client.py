@@ -185,6 +185,28 @@ def run_swarm(model: Any, procs: ServerProcs, new: int, rows: dict[str, list[flo
     return per_token
 
 
+def run_local(model: Any, new: int, rows: dict[str, list[float]]) -> float:
+    """One timed local generate(); appends per-token ms of its backbone, head and the rest."""
+    TIMERS.total.clear()
+    TIMERS.on = True
+    try:
+        per_token = timed_generate(model, new)
+    finally:
+        TIMERS.on = False
+    for label, seconds in sorted(TIMERS.total.items()):
+        rows[label].append(seconds / new * 1e3)
+    rest = per_token * new - sum(TIMERS.total.values())
+    rows["generate() rest"].append(rest / new * 1e3)
+    return per_token
+
+
+def instrument_local(model: Any) -> None:
+    model.model.forward = TIMERS.wrap(
+        lambda a: "embed + 30 blocks + final norm", model.model.forward
+    )
+    model.lm_head.forward = TIMERS.wrap(lambda a: "lm_head", model.lm_head.forward)
+
+
 def instrument_head(model: Any) -> None:
     head = model.head
     head.embed = TIMERS.wrap(lambda a: "client embed", head.embed)
@@ -205,7 +227,8 @@ def main() -> None:
     parts = [int(p) for p in args.parts.split(",")]
     swarms: dict[int, tuple[ServerProcs, Any]] = {}
     rates: dict[str, list[float]] = defaultdict(list)
-    rows: dict[int, dict[str, list[float]]] = {p: defaultdict(list) for p in parts}
+    rows: dict[int, dict[str, list[float]]] = {p: defaultdict(list) for p in [0, *parts]}
+    instrument_local(local)
     with tempfile.TemporaryDirectory() as tmp:
         try:
             for p in parts:
@@ -222,7 +245,7 @@ def main() -> None:
                 model.generate(PROMPT, max_new_tokens=4, do_sample=False)  # warm up
             local.generate(PROMPT, max_new_tokens=4, do_sample=False)
             for rep in range(args.reps):
-                rates["local"].append(1 / timed_generate(local, args.new))
+                rates["local"].append(1 / run_local(local, args.new, rows[0]))
                 for p, (procs, model) in swarms.items():
                     rates[f"{p} servers"].append(1 / run_swarm(model, procs, args.new, rows[p]))
                 print(f"rep {rep + 1}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in rates.items()),
@@ -239,10 +262,14 @@ def report(args: Any, rates: dict[str, list[float]], rows: dict[int, dict[str, l
     print(f"\n{args.model}, {args.new} new tokens after a {PROMPT.shape[1]}-token prompt, "
           f"medians of {args.reps} interleaved runs, 1 compute thread per process")  # fmt: skip
     print(f"local transformers: {med['local']:6.2f} tokens/s  ({1e3 / med['local']:.1f} ms/token)")
+    for label, values in rows.pop(0).items():
+        print(f"    {label:<42} {statistics.median(values):7.2f} ms/token")
     for p, parts in rows.items():
         rate = med[f"{p} servers"]
+        paired = [r / lo for r, lo in zip(rates[f"{p} servers"], rates["local"], strict=True)]
         print(f"swarm, {p} servers: {rate:6.2f} tokens/s  ({1e3 / rate:.1f} ms/token)  "
-              f"ratio {rate / med['local']:.2f}x")  # fmt: skip
+              f"ratio {rate / med['local']:.2f}x; median of per-rep ratios "
+              f"{statistics.median(paired):.2f}x (min {min(paired):.2f}, max {max(paired):.2f})")  # fmt: skip
         for label, values in parts.items():
             print(f"    {label:<42} {statistics.median(values):7.2f} ms/token")
 
