@@ -2,9 +2,13 @@
 
 Either point it at a running server (--url http://host:port --api_key KEY --model ID), or
 give --local MODEL (alias, dir or .gguf) to serve it in-process on 127.0.0.1 with a local
-transformers model (no swarm). Each client sends --requests completions one after another.
+transformers model (no swarm), or --swarm MODEL to serve it over a real loopback swarm (two
+in-process block servers splitting the blocks in halves, tests/server/harness.py). Each
+client sends --requests completions one after another. --max_batch 1 8 repeats the run
+with batching off (1) and on (up to 8 requests per batch), for --local and --swarm.
 
     PYTHONPATH=. python scripts/bench_api.py --local smollm2 --max_tokens 32
+    PYTHONPATH=. OMP_NUM_THREADS=1 python scripts/bench_api.py --swarm smollm2 --max_batch 1 8
     python scripts/bench_api.py --url http://127.0.0.1:8000 --api_key sk-... --model smollm2
 """
 
@@ -49,26 +53,61 @@ async def bench(url: str, key: str, model: str, args: argparse.Namespace) -> Non
 
 async def bench_local(args: argparse.Namespace) -> None:
     import torch
-    from aiohttp import web
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from drift.api.app import ApiConfig, build_api_app
     from drift.api.engine import CausalLMEngine
-    from drift.api.service import ServiceConfig
     from drift.models.checkpoint import open_checkpoint
 
     ckpt = open_checkpoint(args.local)
     model = AutoModelForCausalLM.from_pretrained(ckpt.path, dtype=torch.float32).eval()
     engine = CausalLMEngine(model, AutoTokenizer.from_pretrained(ckpt.path), model_id="bench")
-    service = ServiceConfig(max_concurrent=max(args.clients), queue_size=64)
-    runner = web.AppRunner(build_api_app(engine, ApiConfig(api_keys=("bench",), service=service)))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    await serve_and_bench(engine, args)
+
+
+async def bench_swarm(args: argparse.Namespace) -> None:
+    from transformers import AutoTokenizer
+
+    from drift.api.swarm import swarm_engine
+    from drift.client import AutoDistributedModelForCausalLM
+    from drift.models.checkpoint import open_checkpoint
+    from tests.client.conftest import start_swarm, stop_swarm
+
+    ckpt = open_checkpoint(args.swarm)
+    half = ckpt.config.num_hidden_layers // 2
+    swarm = await start_swarm(ckpt.path, [(0, half), (half, ckpt.config.num_hidden_layers)])
+    model = None
     try:
-        await bench(f"http://127.0.0.1:{runner.addresses[0][1]}", "bench", "bench", args)
+        model = await asyncio.to_thread(
+            AutoDistributedModelForCausalLM.from_pretrained, ckpt.path, initial_peers=swarm.token
+        )
+        engine = swarm_engine(model, AutoTokenizer.from_pretrained(ckpt.path), model_id="bench")
+        await serve_and_bench(engine, args)
     finally:
-        await runner.cleanup()
+        if model is not None:
+            await asyncio.to_thread(model.close)
+        await stop_swarm(swarm)
+
+
+async def serve_and_bench(engine, args: argparse.Namespace) -> None:
+    """Serve `engine` on 127.0.0.1 once per --max_batch value and bench each."""
+    from aiohttp import web
+
+    from drift.api.app import ApiConfig, build_api_app
+    from drift.api.service import ServiceConfig
+
+    for max_batch in args.max_batch:
+        service = ServiceConfig(max_concurrent=max(args.clients), queue_size=64,
+                                max_batch=max_batch)  # fmt: skip
+        app = build_api_app(engine, ApiConfig(api_keys=("bench",), service=service))
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        print(f"max_batch={max_batch} ({'batching on' if max_batch > 1 else 'batching off'})")
+        try:
+            await bench(f"http://127.0.0.1:{runner.addresses[0][1]}", "bench", "bench", args)
+        finally:
+            await runner.cleanup()
 
 
 def main() -> None:
@@ -77,17 +116,23 @@ def main() -> None:
     p.add_argument("--api_key", default="", help="its API key")
     p.add_argument("--model", default="", help="the model id it serves")
     p.add_argument("--local", help="serve this model in-process instead (alias, dir, .gguf)")
+    p.add_argument("--swarm", help="serve this model in-process over a loopback swarm of two "
+                   "block servers (alias, dir, .gguf)")  # fmt: skip
+    p.add_argument("--max_batch", type=int, nargs="+", default=[1],
+                   help="with --local/--swarm: one run per value (1 = no batching)")  # fmt: skip
     p.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8])
     p.add_argument("--requests", type=int, default=2, help="requests per client")
     p.add_argument("--max_tokens", type=int, default=32)
     p.add_argument("--prompt", default="The history of the city of Paris")
     args = p.parse_args()
-    if args.local:
+    if args.swarm:
+        asyncio.run(bench_swarm(args))
+    elif args.local:
         asyncio.run(bench_local(args))
     elif args.url:
         asyncio.run(bench(args.url.rstrip("/"), args.api_key, args.model, args))
     else:
-        p.error("give --url (a running server) or --local MODEL")
+        p.error("give --url (a running server), --local MODEL or --swarm MODEL")
 
 
 if __name__ == "__main__":
