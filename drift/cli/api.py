@@ -42,8 +42,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--served_model_name", default=None,
                    help="the model id clients send (default: MODEL as given)")  # fmt: skip
     add_swarm_key(p)
-    p.add_argument("--max_concurrent", type=int, default=4,
-                   help="requests generating at once (default: 4)")  # fmt: skip
+    p.add_argument("--max_concurrent", type=int, default=8,
+                   help="requests generating at once, each with its own swarm sessions "
+                        "(default: 8)")  # fmt: skip
+    p.add_argument("--max_batch", type=int, default=4,
+                   help="requests waiting together are generated as one batch of up to this "
+                        "many, max_concurrent // max_batch batches at once; 1 = off "
+                        "(default: 4)")  # fmt: skip
     p.add_argument("--queue_size", type=int, default=32,
                    help="requests waiting for a slot before HTTP 429 (default: 32)")  # fmt: skip
     p.add_argument("--default_max_tokens", type=int, default=512,
@@ -83,8 +88,8 @@ def _check(args: argparse.Namespace) -> str | None:
         return "give --initial_peers (join tokens of the swarm), or --local"
     if not args.api_key and not args.no_auth:
         return "give at least one --api_key (or --no_auth to serve without keys)"
-    if args.max_concurrent < 1 or args.queue_size < 0 or args.default_max_tokens < 1:
-        return "--max_concurrent and --default_max_tokens must be >= 1, --queue_size >= 0"
+    if min(args.max_concurrent, args.default_max_tokens, args.max_batch) < 1 or args.queue_size < 0:
+        return "--max_concurrent, --max_batch and --default_max_tokens must be >= 1, --queue_size >= 0"
     return None
 
 
@@ -102,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
     config = ApiConfig(
         api_keys=tuple(args.api_key),
         service=ServiceConfig(max_concurrent=args.max_concurrent, queue_size=args.queue_size,
-                              default_max_tokens=args.default_max_tokens),
+                              default_max_tokens=args.default_max_tokens,
+                              max_batch=args.max_batch),
     )  # fmt: skip
     try:
         print(f"loading {args.model} ...", file=sys.stderr, flush=True)
