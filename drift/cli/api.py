@@ -89,7 +89,9 @@ def _check(args: argparse.Namespace) -> str | None:
     if not args.api_key and not args.no_auth:
         return "give at least one --api_key (or --no_auth to serve without keys)"
     if min(args.max_concurrent, args.default_max_tokens, args.max_batch) < 1 or args.queue_size < 0:
-        return "--max_concurrent, --max_batch and --default_max_tokens must be >= 1, --queue_size >= 0"
+        return (
+            "--max_concurrent, --max_batch and --default_max_tokens must be >= 1, --queue_size >= 0"
+        )
     return None
 
 
