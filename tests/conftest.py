@@ -22,3 +22,17 @@ def smollm2_cache(tmp_path_factory):
     cache = tmp_path_factory.mktemp("drift-cache-smollm2")
     open_checkpoint("smollm2", cache_dir=cache)
     return cache
+
+
+@pytest.fixture(scope="session")
+def gemma3_cache(tmp_path_factory):
+    """A DRIFT cache dir holding Gemma 3 270M assembled and converted from its GGUF, once per run.
+
+    The directory is fresh, so this first open is the conversion (~40-90 s on a small CPU);
+    tests that open "gemma3-270m" with `cache_dir=` it reuse the conversion.
+    """
+    from drift.models.checkpoint import open_checkpoint
+
+    cache = tmp_path_factory.mktemp("drift-cache-gemma3")
+    open_checkpoint("gemma3-270m", cache_dir=cache)
+    return cache

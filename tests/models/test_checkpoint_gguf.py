@@ -98,18 +98,34 @@ def test_second_open_reads_nothing_of_the_gguf(smollm2_cache: Path, tmp_path: Pa
     assert in_dir.path == first.path
 
 
-def test_gemma3_alias_assembles_into_cache_and_matches_gguf(tmp_path: Path) -> None:
+def test_gemma3_alias_assembles_into_cache_and_matches_gguf(
+    gemma3_cache: Path, tmp_path: Path, caplog
+) -> None:
+    """The shared `gemma3_cache` was fresh when its fixture opened the alias: that first open
+    assembled the GGUF into it and converted once. Here: what it left, then a cached reopen."""
     from transformers import AutoModelForCausalLM
 
-    ckpt = open_checkpoint("gemma3-270m", cache_dir=tmp_path)
-    assembled = tmp_path / "gguf-src" / "gemma-3-270m-q4_k_m.gguf"
+    from drift.models.sources.gguf import gguf_cache_path
+
+    assembled = gemma3_cache / "gguf-src" / "gemma-3-270m-q4_k_m.gguf"
     assert assembled.is_file()  # assembled into the given cache, not ~/.cache
+    converted = sorted((gemma3_cache / "gguf").iterdir())
+    assert converted == [gguf_cache_path(assembled, gemma3_cache)]  # one conversion, no .tmp
+    assert not [p for p in assembled.parent.iterdir() if p.name.startswith(".tmp")]
+    caplog.set_level(logging.INFO, logger="drift.models.sources.gguf")
     started = time.monotonic()
-    again = open_checkpoint("gemma3-270m", cache_dir=tmp_path)
-    assert time.monotonic() - started < 5 and again.path == ckpt.path
+    ckpt = open_checkpoint("gemma3-270m", cache_dir=gemma3_cache)
+    assert time.monotonic() - started < 5 and ckpt.path == converted[0]
+    assert not any("converting" in r.getMessage() for r in caplog.records)
+    assert ckpt.revision is not None and ckpt.revision.startswith("gguf-sha256:")
     assert ckpt.name == "gemma-3-270m" and ckpt.config.model_type == "gemma3_text"
     assert ckpt.config.num_hidden_layers == 18
     assert "self_attn.q_norm.weight" in ckpt.tensors("model.layers.17.")
+    # Assembly alone (no conversion: cheap) into another fresh dir also lands in that dir.
+    fresh = resolve_alias(ALIASES["gemma3-270m"], tmp_path)
+    assert fresh == tmp_path / "gguf-src" / assembled.name
+    assert fresh.stat().st_size == assembled.stat().st_size
+    assert not (tmp_path / "gguf").exists()
     ids = torch.randint(0, 1000, (1, 10), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         cached = AutoModelForCausalLM.from_pretrained(ckpt.path, dtype=torch.float32).eval()
