@@ -4,5 +4,9 @@
 # Tests that need one of these skip with the reason when it is absent.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
+if command -v chromium >/dev/null 2>&1; then
+  echo "chromium already installed: $(chromium --version 2>/dev/null || echo '?')"
+  exit 0
+fi
 apt-get update -q
 apt-get install -y -q --no-install-recommends chromium fonts-dejavu-core
