@@ -8,6 +8,20 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def pytest_configure(config) -> None:
+    """Tests (and the processes they start) never touch the user's ~/.cache/drift."""
+    import tempfile
+
+    config._drift_cache = tempfile.TemporaryDirectory(prefix="drift-test-cache-")
+    os.environ["DRIFT_CACHE"] = config._drift_cache.name
+
+
+def pytest_unconfigure(config) -> None:
+    cache = getattr(config, "_drift_cache", None)
+    if cache is not None:
+        cache.cleanup()
+
+
 import pytest  # noqa: E402
 
 
