@@ -31,13 +31,13 @@ class RemoteCache(Cache):
         return self.session.max_length - self.prefix_length
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        beam_idx = beam_idx.to("cpu", torch.int64)
+        idx = beam_idx.to("cpu", torch.int64)
         prev = self.pending_hypo_ids
-        self.pending_hypo_ids = beam_idx if prev is None else prev[beam_idx]
+        self.pending_hypo_ids = idx if prev is None else prev[idx]
         if self.token_ids is not None:
-            self.token_ids = self.token_ids[beam_idx]
+            self.token_ids = self.token_ids[idx]
         if self.attention_mask is not None:
-            self.attention_mask = self.attention_mask[beam_idx]
+            self.attention_mask = self.attention_mask[idx]
 
     def take_hypo_ids(self) -> torch.Tensor | None:
         hypo, self.pending_hypo_ids = self.pending_hypo_ids, None

@@ -30,6 +30,8 @@ class DistributedModelForSequenceClassification(DistributedPreTrainedModel):
         **kwargs: Any,
     ) -> SequenceClassifierOutputWithPast:  # fmt: skip
         if inputs_embeds is None:
+            if input_ids is None:
+                raise ValueError("give input_ids or inputs_embeds")
             inputs_embeds = self.head.embed(input_ids)  # [B, T, H]
         embeds, mask, prompts, p = self._prompt_inputs(inputs_embeds, attention_mask)
         hidden = self.model.layers(embeds, attention_mask=mask, prompts=prompts)[:, p:]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -27,11 +27,14 @@ from drift.client.remote import RemoteClient
 from drift.client.sequential import RemoteSequential
 from drift.client.session import InferenceSession
 
+if TYPE_CHECKING:
+    from drift.models.head import ClientHead
+
 
 class DistributedBackbone(nn.Module):
     """`model.model`: the remote decoder stack (`layers`) and the client's embeddings."""
 
-    def __init__(self, head: nn.Module, layers: RemoteSequential) -> None:
+    def __init__(self, head: ClientHead, layers: RemoteSequential) -> None:
         super().__init__()
         self.embed_tokens = head.embed_tokens
         self.layers = layers
@@ -45,7 +48,7 @@ class DistributedPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module: nn.Module) -> None:  # weights come from the checkpoint
         return
 
-    def _setup(self, ckpt: Any, head: nn.Module, client: RemoteClient, *, tuning_mode: str | None,
+    def _setup(self, ckpt: Any, head: ClientHead, client: RemoteClient, *, tuning_mode: str | None,
                pre_seq_len: int) -> None:  # fmt: skip
         self.head = head
         self.client = client
@@ -82,7 +85,9 @@ class DistributedPreTrainedModel(PreTrainedModel):
         model._load_extra(ckpt, torch_dt)
         if (ckpt.path / "generation_config.json").exists():
             model.generation_config = GenerationConfig.from_pretrained(ckpt.path)
-        return model.to(torch_dt).eval()
+        # transformers wraps PreTrainedModel.to in functools.wraps(nn.Module.to), whose stub
+        # loses the binding and asks for `self` as the first argument
+        return model.to(torch_dt).eval()  # type: ignore[arg-type]
 
     def _load_extra(self, ckpt: Any, dtype: torch.dtype) -> None:
         """Hook for heads beyond ClientHead (e.g. a classifier)."""
@@ -225,7 +230,8 @@ class DistributedModelForCausalLM(DistributedPreTrainedModel, GenerationMixin):
         prompts = None
         if cache.session.position == 0:
             cache.session.batch_size = embeds.shape[0]
-            embeds, new_mask, prompts, p = self._prompt_inputs(embeds, new_mask)
+            embeds, prefixed, prompts, p = self._prompt_inputs(embeds, new_mask)
+            new_mask = cast(torch.Tensor, prefixed)  # a mask in gives a mask out
             cache.prefix_length = p
         send_mask = None if bool(new_mask.all()) else new_mask
         with torch.no_grad():
@@ -238,11 +244,15 @@ class DistributedModelForCausalLM(DistributedPreTrainedModel, GenerationMixin):
 
     # --- generate() integration -------------------------------------------------------------
 
-    def _prepare_cache_for_generation(
+    # transformers 5.24 annotates this `-> bool`, but its own body returns None on every path
+    # and generate() discards the result: the job is to put a cache into model_kwargs.
+    def _prepare_cache_for_generation(  # type: ignore[override]
         self, generation_config: Any, model_kwargs: dict, generation_mode: Any,
         batch_size: int, max_cache_length: int,
     ) -> None:  # fmt: skip
-        if model_kwargs.get("cache") is not None:
+        # As transformers: a given cache is used as it is; use_cache=False opens no session
+        # (every step then runs the whole sequence through the blocks).
+        if model_kwargs.get("cache") is not None or generation_config.use_cache is False:
             return
         prefix = self.ptune.pre_seq_len if self.ptune is not None else 0
         beams = max(generation_config.num_beams or 1, generation_config.num_return_sequences or 1)
@@ -295,6 +305,8 @@ def _resume_inputs(active: RemoteCache, inputs: torch.Tensor | None, kwargs: dic
     """Full input ids for a generate() call that continues an active session."""
     history = active.last_sequences if active.last_sequences is not None else active.token_ids
     if inputs is None:
+        if history is None:
+            raise ValueError("this session began from inputs_embeds: give generate() input ids")
         inputs = history
     elif history is not None and not (
         inputs.shape[1] >= history.shape[1] and torch.equal(inputs[:, : history.shape[1]], history)

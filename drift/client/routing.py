@@ -39,7 +39,7 @@ class Hop:
 
 
 def missing_blocks(servers: Iterable[ServerInfo], start_block: int, end_block: int) -> list[int]:
-    covered = set()
+    covered: set[int] = set()
     for s in servers:
         covered.update(range(max(s.start_block, start_block), min(s.end_block, end_block)))
     return [b for b in range(start_block, end_block) if b not in covered]

@@ -61,7 +61,9 @@ class ClientHead(torch.nn.Module):
         norm = _loaded(adapter.build_final_norm(), read(adapter.norm_prefix), "final norm")
         embed_norm = adapter.build_embed_norm()
         if embed_norm is not None:
-            embed_norm = _loaded(embed_norm, read(adapter.embed_norm_prefix), "embedding norm")
+            prefix = adapter.embed_norm_prefix
+            assert prefix is not None, f"{type(adapter).__name__} builds an unnamed embedding norm"
+            embed_norm = _loaded(embed_norm, read(prefix), "embedding norm")
         head = cls(adapter, embed, norm.to(device, dtype), lm_head, embed_norm)
         head.requires_grad_(False)
         return head.eval()

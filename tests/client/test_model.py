@@ -83,6 +83,7 @@ async def test_generate_modes(tiny_dirs):
             dict(do_sample=True, top_k=20, temperature=0.9),
             dict(num_beams=3, do_sample=False),
             dict(repetition_penalty=1.5, do_sample=False),
+            dict(use_cache=False, do_sample=False),  # no session: whole sequence each step
         ):
             torch.manual_seed(7)
             ref = local.generate(ids, max_new_tokens=8, **kw)

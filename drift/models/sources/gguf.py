@@ -59,7 +59,9 @@ def _convert_into(gguf: Path, out: Path) -> None:
     except Exception as exc:  # unsupported architecture, corrupt or truncated file
         raise BadRequest(f"cannot load GGUF file {gguf} with transformers: {exc}") from exc
     # The tensors are already plain float32: drop the quantizer markers so save_pretrained works.
-    model.hf_quantizer = None
+    # PreTrainedModel sets hf_quantizer at load time but does not declare it (mypy sees
+    # nn.Module.__getattr__'s Tensor | Module)
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.config.architectures = [type(model).__name__]
