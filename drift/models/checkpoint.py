@@ -147,7 +147,9 @@ def _open_gguf(gguf: Path, cache_dir: Path, name: str | None = None) -> Checkpoi
 def _open_dir(directory: Path, cache_dir: Path, revision: str | None) -> Checkpoint:
     if not (directory / "config.json").is_file() and (gguf := find_single_gguf(directory)):
         return _open_gguf(gguf, cache_dir)
-    return Checkpoint(directory.resolve(), revision=revision)
+    # A GGUF conversion in the cache records its source: opened by path it is the same model
+    # (same revision, so the same fingerprint) as when opened by its alias or .gguf file.
+    return Checkpoint(directory.resolve(), revision=revision or cached_revision(directory))
 
 
 def open_checkpoint(

@@ -161,3 +161,17 @@ def test_default_cache_dir_reads_env_at_call_time(monkeypatch, tmp_path: Path) -
     assert default_cache_dir() == tmp_path / "c"
     monkeypatch.delenv("DRIFT_CACHE")
     assert default_cache_dir() == Path.home() / ".cache" / "drift"
+
+
+def test_converted_dir_keeps_its_recorded_revision(llama_dir: Path, tmp_path: Path) -> None:
+    """A GGUF conversion records its source; opened by path it keeps that revision."""
+    converted = tmp_path / "converted"
+    shutil.copytree(llama_dir, converted)
+    plain = open_checkpoint(converted, cache_dir=tmp_path)
+    (converted / "drift_source.json").write_text(
+        json.dumps({"gguf_file": "x.gguf", "size": 1, "revision": "gguf-sha256:abc"})
+    )
+    recorded = open_checkpoint(converted, cache_dir=tmp_path)
+    assert plain.revision is None and recorded.revision == "gguf-sha256:abc"
+    assert recorded.fingerprint != plain.fingerprint
+    assert open_checkpoint(converted, cache_dir=tmp_path, revision="v2").revision == "v2"

@@ -138,12 +138,6 @@ def test_gemma3_alias_assembles_into_cache_and_matches_gguf(
     assert AutoTokenizer.from_pretrained(ckpt.path)("hello world")["input_ids"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open_checkpoint(<converted dir>) ignores the dir's drift_source.json: revision None, "
-    "name = dir name, so a server started on the cache dir and a client opening the alias get "
-    "different fingerprints and the client sees no server (MissingBlocks); same for smollm2",
-)
 def test_converted_dir_opened_by_path_is_the_same_model_as_its_alias(gemma3_cache: Path) -> None:
     by_alias = open_checkpoint("gemma3-270m", cache_dir=gemma3_cache)
     by_path = open_checkpoint(str(by_alias.path), cache_dir=gemma3_cache)
