@@ -12,12 +12,13 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from aiohttp import WSMsgType, web
 
 from drift import PROTOCOL_VERSION
+from drift.server.backend import SpanBackend
 from drift.server.state import BlockServer
 from drift.wire.errors import BadRequest, DriftError, InternalError, PayloadTooLarge
 from drift.wire.frames import MEDIA_TYPE, decode_frame, decompress, encode_frame
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 BLOCK_SERVER = web.AppKey("block_server", BlockServer)
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_Req = TypeVar("_Req", ForwardRequest, BackwardRequest)
 
 
 def add_server_routes(app: web.Application, server: BlockServer) -> None:
@@ -78,33 +80,28 @@ async def _metrics(request: web.Request) -> web.Response:
 
 
 async def _forward(request: web.Request) -> web.Response:
-    server = request.app[BLOCK_SERVER]
-    started = time.perf_counter()
-    body, is_json = await _read_body(request, server.config.max_body_bytes)
-    backend = server.backend
-    if is_json:
-        req = ForwardRequest.from_json(_json(body), default_model=backend.fingerprint,
-                                       hidden_size=backend.hidden_size)  # fmt: skip
-    else:
-        params, tensors = decode_frame(body)
-        req = ForwardRequest.from_wire(params, tensors, hidden_size=backend.hidden_size)
-    result = await backend.forward(req)
-    server.metrics.forward_latency.observe(time.perf_counter() - started)
-    return _reply(result, is_json)
+    return await _compute(request, ForwardRequest, SpanBackend.forward)
 
 
 async def _backward(request: web.Request) -> web.Response:
+    return await _compute(request, BackwardRequest, SpanBackend.backward)
+
+
+async def _compute(
+    request: web.Request, kind: type[_Req], run: Callable[[SpanBackend, _Req], Awaitable[Any]]
+) -> web.Response:
+    """/forward and /backward: parse `kind` (frame or JSON), run it, time it, reply in kind."""
     server = request.app[BLOCK_SERVER]
     started = time.perf_counter()
     body, is_json = await _read_body(request, server.config.max_body_bytes)
     backend = server.backend
     if is_json:
-        req = BackwardRequest.from_json(_json(body), default_model=backend.fingerprint,
-                                        hidden_size=backend.hidden_size)  # fmt: skip
+        req = kind.from_json(_json(body), default_model=backend.fingerprint,
+                             hidden_size=backend.hidden_size)  # fmt: skip
     else:
         params, tensors = decode_frame(body)
-        req = BackwardRequest.from_wire(params, tensors, hidden_size=backend.hidden_size)
-    result = await backend.backward(req)
+        req = kind.from_wire(params, tensors, hidden_size=backend.hidden_size)
+    result = await run(backend, req)
     server.metrics.forward_latency.observe(time.perf_counter() - started)
     return _reply(result, is_json)
 
