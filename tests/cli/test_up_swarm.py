@@ -4,18 +4,16 @@ generate, down (SmolLM2 weights; slow). Each test uses its own cache dir via DRI
 from __future__ import annotations
 
 import os
-import queue
 import re
 import socket
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from drift.cli.procs import read_records
+from tests.procs import DriftProc
 
 PROMPT = "What is the capital of France?"
 NEW_TOKENS = 12
@@ -26,44 +24,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-class Proc:
-    """A drift subprocess whose output lines are collected by a reader thread."""
-
-    def __init__(self, args: list[str], env: dict[str, str]) -> None:
-        self.popen = subprocess.Popen(
-            [sys.executable, "-m", "drift.cli", *args], env=env, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.log: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.popen.stdout is not None
-        for line in self.popen.stdout:
-            self.lines.put(line)
-
-    def wait_for(self, pattern: re.Pattern[str] | str, timeout: float = 180) -> re.Match[str]:
-        rx = re.compile(pattern) if isinstance(pattern, str) else pattern
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                line = self.lines.get(timeout=0.5)
-            except queue.Empty:
-                if self.popen.poll() is not None and self.lines.empty():
-                    break
-                continue
-            self.log.append(line)
-            if m := rx.search(line):
-                return m
-        raise AssertionError(f"no line matching {rx.pattern!r}; output:\n{''.join(self.log)}")
-
-    def kill(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.kill()
-        self.popen.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +63,7 @@ def env(cache) -> dict[str, str]:
 
 @pytest.fixture
 def procs():
-    started: list[Proc] = []
+    started: list[DriftProc] = []
     yield started
     for p in started:
         p.kill()
@@ -121,7 +81,7 @@ def test_up_join_generate_restart_down(cache, reference_text, env, procs, tmp_pa
     port1 = free_port()
     first = ["up", "smollm2", "--host", "127.0.0.1", "--port", str(port1), "--num_blocks", "15",
              "--identity_path", str(tmp_path / "a.key"), "--throughput", "100"]  # fmt: skip
-    procs.append(Proc(first, env))
+    procs.append(DriftProc(first, env))
     token = procs[0].wait_for(TOKEN_RE).group(1)
     assert f"127.0.0.1:{port1}" in token
     procs[0].wait_for(r"blocks missing: 15-29")
@@ -129,7 +89,7 @@ def test_up_join_generate_restart_down(cache, reference_text, env, procs, tmp_pa
     second = ["up", "smollm2", "--join", token, "--host", "127.0.0.1", "--port", "0",
               "--num_blocks", "15", "--identity_path", str(tmp_path / "b.key"),
               "--throughput", "100", "--start_delay", "0.5"]  # fmt: skip
-    procs.append(Proc(second, env))
+    procs.append(DriftProc(second, env))
     procs[1].wait_for(r"serving blocks \[15, 30\)")  # the missing half, chosen from the table
     procs[0].wait_for(r"all 30 blocks are served")
 
@@ -145,7 +105,7 @@ def test_up_join_generate_restart_down(cache, reference_text, env, procs, tmp_pa
     # Restart the first node: same identity, same port, so the same join token.
     procs[0].popen.terminate()
     assert procs[0].popen.wait(timeout=60) == 0
-    procs[0] = Proc(first, env)
+    procs[0] = DriftProc(first, env)
     assert procs[0].wait_for(TOKEN_RE).group(1) == token
 
     listed = drift(env, "down", "--list")

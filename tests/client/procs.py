@@ -1,33 +1,31 @@
 """`drift server` subprocesses on loopback for client tests: start, read peer id/token, kill.
 
-A reader thread collects each process's output lines; `wait_for` waits for a pattern.
-Every process is killed by the test (fixture) that started it.
+Output lines, `wait_for` and `kill` come from tests/procs.py; every process is killed by the
+test (fixture) that started it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import queue
 import re
-import subprocess
-import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
+
+from tests.procs import DriftProc
 
 PEER_RE = re.compile(r"peer id (\S+) listening on 127\.0\.0\.1:(\d+)")
 TOKEN_RE = re.compile(r"join token: (drift://\S+)")
 
 
-class ServerProc:
+class ServerProc(DriftProc):
     """One `drift server MODEL --block_indices A:B` process."""
 
     def __init__(self, model_dir: Path, start: int, end: int, workdir: Path,
                  initial_peers: str | None = None) -> None:  # fmt: skip
         workdir.mkdir(parents=True, exist_ok=True)
-        args = [sys.executable, "-m", "drift.cli", "server", str(model_dir),
+        args = ["server", str(model_dir),
                 "--block_indices", f"{start}:{end}", "--host", "127.0.0.1", "--port", "0",
                 "--throughput", "100", "--gossip_interval", "0.5", "--record_ttl", "5",
                 "--device", "cpu", "--torch_dtype", "float32",
@@ -36,38 +34,15 @@ class ServerProc:
             args += ["--initial_peers", initial_peers]
         env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
                    PYTHONPATH=str(Path.cwd()))  # fmt: skip
-        self.popen = subprocess.Popen(args, env=env, text=True, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT)  # fmt: skip
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.log: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
+        super().__init__(args, env)
         self.peer_id = ""
         self.port = 0
         self.token = ""
 
-    def _read(self) -> None:
-        assert self.popen.stdout is not None
-        for line in self.popen.stdout:
-            self.lines.put(line)
-
-    def wait_for(self, rx: re.Pattern[str], timeout: float = 120) -> re.Match[str]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                line = self.lines.get(timeout=0.5)
-            except queue.Empty:
-                if self.popen.poll() is not None and self.lines.empty():
-                    break
-                continue
-            self.log.append(line)
-            if found := rx.search(line):
-                return found
-        raise AssertionError(f"no line matching {rx.pattern!r}; output:\n{''.join(self.log)}")
-
     def wait_started(self) -> ServerProc:
-        found = self.wait_for(PEER_RE)
+        found = self.wait_for(PEER_RE, timeout=120)
         self.peer_id, self.port = found.group(1), int(found.group(2))
-        self.token = self.wait_for(TOKEN_RE).group(1)
+        self.token = self.wait_for(TOKEN_RE, timeout=120).group(1)
         return self
 
     def swarm_peers(self) -> set[str]:
@@ -83,9 +58,3 @@ class ServerProc:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{self.swarm_peers()} lacks some of {peer_ids}")
             time.sleep(0.1)
-
-    def kill(self) -> None:
-        """SIGKILL: no goodbye, no offline record."""
-        if self.popen.poll() is None:
-            self.popen.kill()
-        self.popen.wait(timeout=30)
