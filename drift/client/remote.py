@@ -88,6 +88,14 @@ class RemoteClient:
             raise exc
         self.bans.ban(hop.peer_id)
 
+    def count_failure(self, exc: DriftError, hop: Hop, attempts: int) -> int:
+        """note_failure, then `attempts` + 1; re-raise `exc` once that passes max_retries."""
+        self.note_failure(exc, hop)
+        attempts += 1
+        if attempts > self.config.max_retries:
+            raise exc
+        return attempts
+
     async def forward(
         self, hidden: torch.Tensor, start: int, end: int, *,
         attention_mask: torch.Tensor | None = None, prompts: torch.Tensor | None = None,
@@ -104,10 +112,7 @@ class RemoteClient:
                         attention_mask=attention_mask, prompts=slice_prompts(prompts, start, hop),
                     )  # fmt: skip
                 except DriftError as exc:
-                    attempts += 1
-                    self.note_failure(exc, hop)
-                    if attempts > self.config.max_retries:
-                        raise
+                    attempts = self.count_failure(exc, hop, attempts)
                     break
                 self.bans.success(hop.peer_id)
                 trace.append((hop, hidden))
@@ -140,10 +145,7 @@ class RemoteClient:
                     self.headers, attention_mask=mask, prompts=slice_prompts(prompts, start, hop),
                 )  # fmt: skip
             except DriftError as exc:
-                attempts += 1
-                self.note_failure(exc, hop)
-                if attempts > self.config.max_retries:
-                    raise
+                attempts = self.count_failure(exc, hop, attempts)
             # another server for exactly this span: forward through its chain, then backward
             sub_prompts = slice_prompts(prompts, start, hop)
             _, sub_trace = await self.forward(

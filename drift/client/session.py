@@ -82,10 +82,7 @@ class InferenceSession:
             except DriftError as exc:
                 for span in opened:
                     await span.socket.close()
-                attempts += 1
-                self.client.note_failure(exc, hop)
-                if attempts > self.client.config.max_retries:
-                    raise
+                attempts = self.client.count_failure(exc, hop, attempts)
 
     def step(
         self, hidden: torch.Tensor, *, position: int | None = None,
@@ -153,10 +150,7 @@ class InferenceSession:
             except DriftError as replay_exc:
                 for span in new_spans:
                     await span.socket.close()
-                attempts += 1
-                self.client.note_failure(replay_exc, new_spans[0].hop)
-                if attempts > self.client.config.max_retries:
-                    raise
+                attempts = self.client.count_failure(replay_exc, new_spans[0].hop, attempts)
         self.spans[index : index + 1] = new_spans
 
     async def _replay(self, spans: list[SpanState], history: list[StepInputs]) -> None:
