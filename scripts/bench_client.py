@@ -56,10 +56,7 @@ class Timers:
             try:
                 return fn(*args, **kwargs)
             finally:
-                if self.on:
-                    label = label_of(args)
-                    self.total[label] += time.perf_counter() - t0
-                    self.calls[label] += 1
+                self._record(label_of, args, t0)
 
         return timed
 
@@ -69,12 +66,15 @@ class Timers:
             try:
                 return await fn(*args, **kwargs)
             finally:
-                if self.on:
-                    label = label_of(args)
-                    self.total[label] += time.perf_counter() - t0
-                    self.calls[label] += 1
+                self._record(label_of, args, t0)
 
         return timed
+
+    def _record(self, label_of: Any, args: tuple[Any, ...], t0: float) -> None:
+        if self.on:
+            label = label_of(args)
+            self.total[label] += time.perf_counter() - t0
+            self.calls[label] += 1
 
 
 TIMERS = Timers()

@@ -129,30 +129,12 @@ def test_dht_help_and_bad_arguments() -> None:
     import subprocess
 
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    out = subprocess.run(
-        [sys.executable, "-m", "drift.cli", "dht", "--help"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=60,
-    )
+
+    def dht(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "drift.cli", "dht", *args],
+                              capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)  # fmt: skip
+
+    out = dht("--help")
     assert out.returncode == 0 and "--initial_peers" in out.stdout
-    bad = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "drift.cli",
-            "dht",
-            "--host_maddrs",
-            "/ip4/127.0.0.1/tcp/0",
-            "--initial_peers",
-            "127.0.0.1:31337",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=60,
-    )
+    bad = dht("--host_maddrs", "/ip4/127.0.0.1/tcp/0", "--initial_peers", "127.0.0.1:31337")
     assert bad.returncode == 2 and "drift://<peer_id>@<host>:<port>" in bad.stderr
