@@ -137,7 +137,17 @@ async def _read_body(request: web.Request, limit: int) -> tuple[bytes, bool]:
             body = decompress(body, max_bytes=limit)
     elif encoding not in ("", "identity"):
         raise BadRequest(f"unsupported Content-Encoding {encoding!r}; use zstd or none")
-    return body, request.content_type == "application/json"
+    return body, _is_json(request.content_type, body)
+
+
+def _is_json(content_type: str, body: bytes) -> bool:
+    """JSON when declared so, or when a body not declared a frame is a JSON object: `curl -d`
+    sends form-encoding by default, and a user trying a block should get the JSON route."""
+    if content_type == "application/json":
+        return True
+    if content_type in (MEDIA_TYPE, "application/octet-stream"):
+        return False
+    return body.lstrip()[:1] == b"{"
 
 
 def _json(body: bytes) -> Any:

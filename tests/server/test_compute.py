@@ -101,6 +101,25 @@ async def test_plain_json_forward_and_backward(two, tiny_llama):
     del ref
 
 
+async def test_json_without_content_type_as_curl_sends_it(two):
+    """`curl -d '{...}'` declares form encoding; a JSON object body still gets the JSON route."""
+    a, _ = two
+    hidden = torch.randn(1, 2, 64)
+    body = orjson.dumps({"start_block": 0, "end_block": 1, "hidden_states": hidden.tolist()})
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{a.url}/forward", data=body, headers=form) as resp:
+            assert resp.status == 200 and resp.content_type == "application/json"
+            got = torch.tensor((await resp.json())["hidden_states"])
+        bad = orjson.dumps({"start_block": 0, "end_block": 1, "hidden_states": [[[1.0, 2.0]]]})
+        async with http.post(f"{a.url}/forward", data=bad, headers=form) as resp:
+            assert resp.status == 400
+            assert (await resp.json())["error"]["code"] == "bad_tensor"
+    with torch.no_grad():
+        expected = a.server.backend.span.forward(hidden, end_block=1)
+    assert torch.allclose(got, expected, atol=1e-6)
+
+
 async def test_blocks_describes_the_span(two):
     a, b = two
     async with aiohttp.ClientSession() as http:
