@@ -9,8 +9,8 @@ from transformers import DynamicCache, LlamaForCausalLM
 from drift.models.checkpoint import open_checkpoint
 from drift.models.head import ClientHead
 from drift.models.span import ModelSpan
-from tests.models import test_span_backward, test_span_inference, test_span_sessions
 from tests.models.conftest import Tiny
+from tests.models.real_checks import REAL_MODEL_CHECKS
 
 pytestmark = pytest.mark.slow
 
@@ -54,17 +54,6 @@ def test_two_block_span_holds_two_blocks_of_parameters(smollm2: Tiny) -> None:
     assert span.num_parameters() / all_blocks == pytest.approx(2 / 30)
 
 
-@pytest.mark.parametrize(
-    "check",
-    [
-        test_span_inference.test_stateless_forward_matches_full_model,
-        test_span_sessions.test_left_padded_batch_matches_each_sequence_alone,
-        test_span_sessions.test_beam_reorder_matches_reordered_histories,
-        test_span_sessions.test_rollback_matches_a_fresh_run,
-        test_span_backward.test_input_grads_match_full_model,
-        test_span_backward.test_deep_prompt_grads_match_hooked_full_model,
-    ],
-    ids=lambda f: f.__name__,
-)
+@pytest.mark.parametrize("check", REAL_MODEL_CHECKS, ids=lambda f: f.__name__)
 def test_tiny_model_checks_hold_for_smollm2(check, smollm2: Tiny) -> None:
     check(smollm2)
