@@ -7,16 +7,18 @@ the window. Cache slots of layers outside the span stay empty and cost nothing.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, cast
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import CacheLayerMixin, DynamicSlidingWindowLayer
 
 
 def new_cache(config: Any) -> DynamicCache:
     cache = DynamicCache(config=config)
     for layer in cache.layers:
-        if getattr(layer, "is_sliding", False):
+        if isinstance(layer, DynamicSlidingWindowLayer):  # the layers with is_sliding set
             layer.activate_past_recording()
     return cache
 
@@ -26,23 +28,32 @@ def cache_length(cache: DynamicCache, first_layer: int) -> int:
     return int(cache.get_seq_length(first_layer))
 
 
-def reorder(cache: DynamicCache, hypo_ids: torch.Tensor) -> None:
+def _filled_layers(
+    cache: DynamicCache,
+) -> Iterator[tuple[CacheLayerMixin, torch.Tensor, torch.Tensor]]:
+    """Each layer holding cached tokens, with its keys and values (empty layers skipped)."""
     for layer in cache.layers:
-        if layer.is_initialized and layer.keys.numel() > 0:
-            layer.reorder_cache(hypo_ids.to(layer.keys.device))
+        if not isinstance(layer, CacheLayerMixin):
+            raise TypeError(f"{type(layer).__name__} holds no key/value cache to reorder or trim")
+        keys, values = layer.keys, layer.values
+        if layer.is_initialized and keys is not None and values is not None and keys.numel() > 0:
+            yield layer, keys, values
+
+
+def reorder(cache: DynamicCache, hypo_ids: torch.Tensor) -> None:
+    for layer, keys, _ in _filled_layers(cache):
+        layer.reorder_cache(cast(torch.LongTensor, hypo_ids.to(keys.device)))
 
 
 def rollback(cache: DynamicCache, keep: int) -> None:
     """Drop every cached token at position >= keep."""
-    for layer in cache.layers:
-        if not layer.is_initialized or layer.keys.numel() == 0:
-            continue
+    for layer, keys, values in _filled_layers(cache):
         seen = int(layer.get_seq_length())
         if seen <= keep:
             continue
-        stored = layer.keys.shape[-2]  # == seen: sliding layers record their whole past
+        stored = keys.shape[-2]  # == seen: sliding layers record their whole past
         end = stored - (seen - keep)
-        layer.keys = layer.keys[..., :end, :]
-        layer.values = layer.values[..., :end, :]
+        layer.keys = keys[..., :end, :]
+        layer.values = values[..., :end, :]
         if hasattr(layer, "cumulative_length"):
             layer.cumulative_length = keep

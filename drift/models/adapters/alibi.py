@@ -51,7 +51,7 @@ class FalconAdapter(_TransformerH):
             alibi = self.alibi(ctx, hidden.dtype)
             if mask is not None and mask.ndim == 4:
                 mask = self._merge_alibi(mask, alibi, hidden)
-        rotary = aux.rotary_emb(hidden, position_ids=ctx.position_ids)
+        rotary = aux.get_submodule("rotary_emb")(hidden, position_ids=ctx.position_ids)
         return mask, alibi, rotary
 
     def _merge_alibi(

@@ -10,10 +10,10 @@ from __future__ import annotations
 import copy
 import sys
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
-from transformers import AutoModelForCausalLM, Cache
+from transformers import AutoModelForCausalLM, Cache, PreTrainedModel
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
 from drift.wire.errors import BadRequest
@@ -45,12 +45,18 @@ class Adapter:
         config._attn_implementation = self.attn_implementation
         self.config = config
         try:
-            lm_class = AutoModelForCausalLM._model_mapping[type(config)]
+            # transformers' stub types the lazy mapping's values as tuples; they are classes.
+            lm_class = cast(
+                type[PreTrainedModel], AutoModelForCausalLM._model_mapping[type(config)]
+            )
         except KeyError as exc:
             raise BadRequest(f"transformers has no causal LM for {config.model_type!r}") from exc
         self.modeling = sys.modules[lm_class.__module__]
         self.family = lm_class.__name__.removesuffix("ForCausalLM")
-        self.layer_class = getattr(self.modeling, lm_class._no_split_modules[0])
+        no_split = lm_class._no_split_modules
+        if not isinstance(no_split, list) or not no_split:
+            raise BadRequest(f"transformers' {lm_class.__name__} names no decoder layer class")
+        self.layer_class = getattr(self.modeling, no_split[0])
         if getattr(config, "_experts_implementation", None) is None:
             # What from_pretrained picks for MoE layers: grouped_mm where the model allows it.
             can_set = getattr(lm_class, "_can_set_experts_implementation", lambda: False)

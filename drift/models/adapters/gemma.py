@@ -57,5 +57,6 @@ class Gemma3Adapter(_GemmaBase):
     def prepare(self, aux: torch.nn.Module, hidden: torch.Tensor, ctx: RunContext) -> Any:
         kinds = first_of_each_type(self, ctx.layer_ids)
         masks = build_masks(self.config, kinds, hidden, ctx)
-        rotary = {kind: aux.rotary_emb(hidden, ctx.position_ids, kind) for kind in kinds}
+        rotary_emb = aux.get_submodule("rotary_emb")
+        rotary = {kind: rotary_emb(hidden, ctx.position_ids, kind) for kind in kinds}
         return masks, rotary

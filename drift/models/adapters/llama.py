@@ -26,7 +26,7 @@ class LlamaLikeAdapter(Adapter):
 
     def prepare(self, aux: torch.nn.Module, hidden: torch.Tensor, ctx: RunContext) -> Any:
         masks = build_masks(self.config, first_of_each_type(self, ctx.layer_ids), hidden, ctx)
-        rotary = aux.rotary_emb(hidden, ctx.position_ids)
+        rotary = aux.get_submodule("rotary_emb")(hidden, ctx.position_ids)
         return masks, rotary
 
     def call_layer(
