@@ -45,10 +45,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max_concurrent", type=int, default=8,
                    help="requests generating at once, each with its own swarm sessions "
                         "(default: 8)")  # fmt: skip
-    p.add_argument("--max_batch", type=int, default=4,
+    p.add_argument("--max_batch", type=int, default=8,
                    help="requests waiting together are generated as one batch of up to this "
                         "many, max_concurrent // max_batch batches at once; 1 = off "
-                        "(default: 4)")  # fmt: skip
+                        "(default: 8)")  # fmt: skip
     p.add_argument("--queue_size", type=int, default=32,
                    help="requests waiting for a slot before HTTP 429 (default: 32)")  # fmt: skip
     p.add_argument("--default_max_tokens", type=int, default=512,
