@@ -16,8 +16,8 @@ DEFAULT_PORT = 31337
 
 MODEL_HELP = "alias (e.g. smollm2), local checkpoint dir, .gguf file or Hub id"
 INITIAL_PEERS_HELP = (
-    "join tokens (drift://<peer_id>@<host>:<port>) or multiaddrs of swarm members, "
-    "space- or comma-separated"
+    "join token (drift://<peer_id>@<host>:<port>) or multiaddr of a swarm member; several: "
+    "comma-separated or the flag repeated"
 )
 SWARM_KEY_HELP = "secret of a private swarm (default: the ?key= of a join token, else none)"
 CACHE_DIR_HELP = (
@@ -43,8 +43,15 @@ def add_initial_peers(p: argparse.ArgumentParser, *, required: bool = False,
                       join_alias: bool = False) -> None:  # fmt: skip
     """--initial_peers (and, for drift up, its alias --join)."""
     names = ["--initial_peers", "--join"] if join_alias else ["--initial_peers"]
-    p.add_argument(*names, dest="initial_peers", nargs="+" if required else "*", default=[],
+    # One value per flag (not nargs="+"), so a positional after it is not taken for a token:
+    # `drift generate --initial_peers TOKEN "prompt"`, `drift up --join TOKEN MODEL`.
+    p.add_argument(*names, dest="initial_peers", action="extend", type=split_tokens, default=[],
                    required=required, metavar="TOKEN", help=INITIAL_PEERS_HELP)  # fmt: skip
+
+
+def split_tokens(text: str) -> list[str]:
+    """One --initial_peers value: a token, or several separated by commas."""
+    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 def add_swarm_key(p: argparse.ArgumentParser) -> None:

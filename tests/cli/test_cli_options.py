@@ -94,3 +94,15 @@ def test_listen_address_defaults_and_multiaddr() -> None:
         args = parser.parse_args([cmd, *extra, "--host_maddrs", "/ip4/127.0.0.1/tcp/4242",
                                   "--port", "5"])  # fmt: skip
         assert listen_address(args) == ("127.0.0.1", 4242)
+
+
+def test_initial_peers_never_swallows_a_positional() -> None:
+    """`drift generate --initial_peers TOKEN "prompt"` as the issue writes it; commas or a
+    repeated flag give several tokens."""
+    parser = build_parser()
+    args = parser.parse_args(["generate", "--initial_peers", "drift://a@h:1", "hello there"])
+    assert (args.initial_peers, args.prompt) == (["drift://a@h:1"], "hello there")
+    args = parser.parse_args(["up", "--join", "drift://a@h:1, drift://b@h:2", "smollm2"])
+    assert (args.initial_peers, args.model) == (["drift://a@h:1", "drift://b@h:2"], "smollm2")
+    args = parser.parse_args(["dht", "--initial_peers", "x", "--initial_peers", "y"])
+    assert args.initial_peers == ["x", "y"]
