@@ -43,11 +43,12 @@ def test_smollm2_alias_converts_once_and_matches_gguf(smollm2_cache: Path, caplo
     ckpt = open_checkpoint("smollm2", cache_dir=smollm2_cache)
     first = time.monotonic() - started
     assert any("converting once" in r.getMessage() for r in caplog.records)
+    caplog.clear()
     started = time.monotonic()
     again = open_checkpoint("smollm2", cache_dir=smollm2_cache)
     second = time.monotonic() - started
     print(f"\nsmollm2 open: first {first:.1f} s (convert), second {second:.2f} s (cached)")
-    assert second < first / 5
+    assert not any("convert" in r.getMessage() for r in caplog.records)  # the cache was used
     assert again.path == ckpt.path and again.fingerprint == ckpt.fingerprint
     assert ckpt.name == "SmolLM2-135M-Instruct"
     assert ckpt.path.is_relative_to(smollm2_cache)
@@ -113,9 +114,8 @@ def test_gemma3_alias_assembles_into_cache_and_matches_gguf(
     assert converted == [gguf_cache_path(assembled, gemma3_cache)]  # one conversion, no .tmp
     assert not [p for p in assembled.parent.iterdir() if p.name.startswith(".tmp")]
     caplog.set_level(logging.INFO, logger="drift.models.sources.gguf")
-    started = time.monotonic()
     ckpt = open_checkpoint("gemma3-270m", cache_dir=gemma3_cache)
-    assert time.monotonic() - started < 5 and ckpt.path == converted[0]
+    assert ckpt.path == converted[0]
     assert not any("converting" in r.getMessage() for r in caplog.records)
     assert ckpt.revision is not None and ckpt.revision.startswith("gguf-sha256:")
     assert ckpt.name == "gemma-3-270m" and ckpt.config.model_type == "gemma3_text"
