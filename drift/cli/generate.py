@@ -60,8 +60,6 @@ class GenerateResult:
 
 def swarm_model_name(tokens: tuple[JoinToken, ...], swarm_key: str | None) -> str:
     """A name open_checkpoint understands for the one model the swarm serves."""
-    from drift.models.sources.aliases import ALIASES
-
     snap = read_swarm(tokens, swarm_key=swarm_key)
     names = [str(c.get("model")) for c in snap.coverages if c.get("model")]
     if not names:
@@ -70,10 +68,7 @@ def swarm_model_name(tokens: tuple[JoinToken, ...], swarm_key: str | None) -> st
         raise BadRequest(
             f"the swarm serves several models ({', '.join(names)}); pick one with --model"
         )
-    for alias, entry in ALIASES.items():
-        if entry.name == names[0]:
-            return alias
-    return names[0]
+    return names[0]  # a display name: open_checkpoint resolves demo aliases by it too
 
 
 def encode_prompt(tokenizer: Any, prompt: str, *, chat: bool = True) -> Any:
