@@ -8,72 +8,75 @@ re-announces, so no gap is ever left.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import random
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
+from drift.node import MembershipNode
+from drift.swarm import choose_rebalance, coverage, format_ranges, records_for_model
+
+if TYPE_CHECKING:  # torch: imported when a server really starts, not for `drift --help`
+    from drift.server.state import BlockServer
 
 log = logging.getLogger(__name__)
 COVERAGE_TICK_S = 1.0
-DRAIN_TIMEOUT_S = 120.0
 
 
-def start_loops(app: web.Application, node: Any, server: Any, ckpt: Any,
-                args: argparse.Namespace) -> list[asyncio.Task[None]]:  # fmt: skip
+@dataclass(frozen=True)
+class BalanceConfig:
+    min_ratio: float  # move when min/max block throughput falls below this
+    mean_period_s: float  # mean seconds between balance checks
+
+
+def start_loops(node: MembershipNode, server: BlockServer, ckpt: Any,
+                balance: BalanceConfig | None) -> list[asyncio.Task[None]]:  # fmt: skip
     """Start the loops on the running event loop; they end when the process stops."""
     tasks = [asyncio.create_task(coverage_loop(node, server.backend.fingerprint))]
-    if args.balance_quality > 0 and args.block_indices is None:
-        tasks.append(asyncio.create_task(balance_loop(node, server, ckpt, args)))
+    if balance is not None:
+        tasks.append(asyncio.create_task(balance_loop(node, server, ckpt, balance)))
     return tasks
 
 
-def missing_message(missing: list[int], num_blocks: int) -> str:
-    from drift.cli.status import block_ranges
-
+def missing_message(missing: tuple[int, ...], num_blocks: int) -> str:
     if not missing:
         return f"all {num_blocks} blocks are served: the swarm can run the model"
-    return f"blocks missing: {block_ranges(missing)} ({len(missing)} of {num_blocks}); " \
+    return f"blocks missing: {format_ranges(missing)} ({len(missing)} of {num_blocks}); " \
         "start more servers with the join command above"  # fmt: skip
 
 
-async def coverage_loop(node: Any, fingerprint: str) -> None:
-    from drift.swarm.coverage import coverage
-
-    last: list[int] | None = None
+async def coverage_loop(node: MembershipNode, fingerprint: str) -> None:
+    last: tuple[int, ...] | None = None
     while True:
         cov = coverage(node.live_records(), fingerprint)
-        missing = list(cov.get("missing") or [])
-        if missing != last:
-            print(missing_message(missing, int(cov.get("num_blocks") or 0)), flush=True)
-            last = missing
+        if cov.missing != last:
+            print(missing_message(cov.missing, cov.num_blocks or 0), flush=True)
+            last = cov.missing
         await asyncio.sleep(COVERAGE_TICK_S)
 
 
-async def balance_loop(node: Any, server: Any, ckpt: Any, args: argparse.Namespace) -> None:
-    period = args.mean_balance_check_period
+async def balance_loop(node: MembershipNode, server: BlockServer, ckpt: Any,
+                       balance: BalanceConfig) -> None:  # fmt: skip
     while True:
-        await asyncio.sleep(period * random.uniform(0.5, 1.5))
+        await asyncio.sleep(balance.mean_period_s * random.uniform(0.5, 1.5))
         try:
-            await balance_once(node, server, ckpt, min_ratio=args.balance_quality)
+            await balance_once(node, server, ckpt, min_ratio=balance.min_ratio)
         except Exception:  # a failed move keeps serving the old span
             log.exception("re-balancing failed; still serving the old blocks")
 
 
-def rebalance_target(node: Any, server: Any, *, min_ratio: float) -> tuple[int, int] | None:
+def rebalance_target(node: MembershipNode, server: BlockServer, *,
+                     min_ratio: float) -> tuple[int, int] | None:  # fmt: skip
     """Where this server should move, from the node's live records of its model (or None)."""
-    from drift.swarm.coverage import records_for_model
-    from drift.swarm.selection import choose_rebalance
-
     b = server.backend
     records = records_for_model(node.live_records(), b.fingerprint)
     return choose_rebalance(records, node.peer_id, b.num_model_blocks, min_ratio=min_ratio)
 
 
-async def balance_once(node: Any, server: Any, ckpt: Any, *, min_ratio: float,
-                       drain_timeout_s: float = DRAIN_TIMEOUT_S) -> tuple[int, int] | None:  # fmt: skip
+async def balance_once(node: MembershipNode, server: BlockServer, ckpt: Any, *,
+                       min_ratio: float, drain_timeout_s: float | None = None,
+                       ) -> tuple[int, int] | None:  # fmt: skip
     """One balance check: move (BlockServer.move_to) when the swarm is unbalanced; the target."""
     target = rebalance_target(node, server, min_ratio=min_ratio)
     if target is None:

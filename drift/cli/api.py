@@ -98,8 +98,9 @@ def _check(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from drift.api.app import ApiConfig, build_api_app
     from drift.api.service import ServiceConfig
-    from drift.cli.procs import process_record, resolve_cache_dir
+    from drift.cli.procs import process_record
     from drift.node.runner import run_node
+    from drift.paths import resolve_cache_dir
 
     problem = _check(args)
     if problem:

@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 from drift.cli._options import add_cache_dir, add_model
-from drift.cli.procs import read_records, resolve_cache_dir
+from drift.cli.procs import read_records
+from drift.paths import resolve_cache_dir
 from drift.wire.errors import DriftError
 
 DEFAULT_PROMPT = "What is the capital of France? Answer in one sentence."
@@ -114,14 +115,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _generate(args: argparse.Namespace, token: str | None, cache: Path, deadline: float) -> int:
     from drift.cli.generate import generate, load_client
-    from drift.cli.status import read_swarm
     from drift.identity.tokens import parse_join_tokens
+    from drift.swarm.reader import read_swarm_blocking
 
     assert token is not None
     tokens = parse_join_tokens(token)
     while True:  # wait until gossip has spread every server's record
-        covs = read_swarm(tokens).coverages
-        if covs and not covs[0].get("missing"):
+        covs = read_swarm_blocking(tokens).coverages()
+        if covs and not covs[0].missing:
             break
         if time.monotonic() > deadline:
             raise TimeoutError("the servers did not cover every block in time")

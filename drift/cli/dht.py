@@ -12,10 +12,11 @@ import argparse
 import logging
 
 from drift.cli._options import add_node_options, listen_address
-from drift.cli.procs import exit_on_sigterm, process_record, resolve_cache_dir
+from drift.cli.procs import exit_on_sigterm, process_record
 from drift.identity import Identity, format_hostport, load_or_create_identity, parse_join_tokens
 from drift.identity.tokens import parse_multiaddr
 from drift.node import MembershipNode, NodeConfig, RunningApp, build_node_app, run_node
+from drift.paths import resolve_cache_dir
 from drift.wire.errors import DriftError
 
 log = logging.getLogger("drift.dht")

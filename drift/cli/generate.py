@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from drift.cli._options import add_cache_dir, add_initial_peers, add_swarm_key, add_torch_dtype
-from drift.cli.status import read_swarm
 from drift.identity.tokens import JoinToken, parse_join_tokens
+from drift.swarm.reader import read_swarm_blocking
 from drift.wire.errors import BadRequest, DriftError
 
 
@@ -60,8 +60,8 @@ class GenerateResult:
 
 def swarm_model_name(tokens: tuple[JoinToken, ...], swarm_key: str | None) -> str:
     """A name open_checkpoint understands for the one model the swarm serves."""
-    snap = read_swarm(tokens, swarm_key=swarm_key)
-    names = [str(c.get("model")) for c in snap.coverages if c.get("model")]
+    snap = read_swarm_blocking(tokens, swarm_key=swarm_key)
+    names = [str(c.model) for c in snap.coverages() if c.model]
     if not names:
         raise BadRequest("the swarm serves no model yet; start a server with `drift up`")
     if len(names) > 1:
@@ -94,14 +94,10 @@ def load_client(model: str, tokens: tuple[JoinToken, ...], *, swarm_key: str | N
     from drift.models.checkpoint import open_checkpoint
 
     cache = Path(cache_dir) if cache_dir else None
-    ckpt = open_checkpoint(model, cache_dir=cache, blocks=range(0))
+    ckpt = open_checkpoint(model, cache_dir=cache, blocks=range(0))  # opened once, used twice
     tokenizer = AutoTokenizer.from_pretrained(ckpt.path)
     dist = AutoDistributedModelForCausalLM.from_pretrained(
-        model,
-        initial_peers=list(tokens),
-        swarm_key=swarm_key,
-        cache_dir=cache,
-        torch_dtype=torch_dtype,
+        ckpt, initial_peers=list(tokens), swarm_key=swarm_key, torch_dtype=torch_dtype
     )
     return dist, tokenizer
 

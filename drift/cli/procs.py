@@ -19,18 +19,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from drift.paths import resolve_cache_dir
+
 RUN_DIR_NAME = "run"
-CACHE_ENV = "DRIFT_CACHE"
-
-
-def default_cache_dir() -> Path:
-    """$DRIFT_CACHE, else ~/.cache/drift (read at call time; the same rule as drift.models)."""
-    env = os.environ.get(CACHE_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "drift"
-
-
-def resolve_cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
-    return Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
 
 
 def run_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -213,15 +204,3 @@ def send_signal(record: ProcessRecord, sig: int) -> None:
         return
     with contextlib.suppress(ProcessLookupError):
         os.kill(record.pid, sig)
-
-
-def stop_process(record: ProcessRecord, timeout_s: float, kill_timeout_s: float = 5.0) -> str:
-    """SIGTERM the recorded process, SIGKILL it after `timeout_s`.
-
-    Returns 'stopped' (exited after SIGTERM), 'killed', or 'survived'.
-    """
-    send_signal(record, signal.SIGTERM)
-    if wait_for_exit(record, timeout_s):
-        return "stopped"
-    send_signal(record, signal.SIGKILL)
-    return "killed" if wait_for_exit(record, kill_timeout_s) else "survived"

@@ -2,7 +2,8 @@
 
 Parses the arguments once into a NodeConfig and a ServerConfig, loads the blocks
 (drift.server.build), mounts the compute routes on the node app and runs it until
-Ctrl+C / SIGTERM, with a process record for `drift down`.
+Ctrl+C / SIGTERM, with a process record for `drift down`. `drift up` reuses the options
+and the config builder.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-from typing import Any
+from pathlib import Path
 
 from drift.cli._options import (
     add_device,
@@ -20,7 +21,13 @@ from drift.cli._options import (
 )
 from drift.cli._progress import progress_bar
 from drift.cli.dht import load_identity, log_join_info, node_config_from_args
-from drift.cli.procs import exit_on_sigterm, process_record, resolve_cache_dir
+from drift.cli.procs import RecordHandle, exit_on_sigterm, process_record
+from drift.identity import Identity
+from drift.node import MembershipNode, NodeConfig, RunningApp, build_node_app, run_node
+from drift.paths import resolve_cache_dir
+from drift.server.config import ServerConfig
+from drift.swarm import PeerRecord, parse_span
+from drift.swarm.reader import read_swarm_blocking
 from drift.wire.errors import BadRequest, DriftError
 
 log = logging.getLogger("drift.server")
@@ -77,33 +84,32 @@ def add_server_options(p: argparse.ArgumentParser, *, num_blocks_default: str = 
     )
 
 
-def parse_block_indices(text: str | None) -> tuple[int | None, int | None]:
-    if text is None:
-        return None, None
-    start, colon, end = text.partition(":")
-    if not colon or not start.strip().isdigit() or not end.strip().isdigit():
-        raise BadRequest(f"--block_indices {text!r} must look like START:END, e.g. 0:15")
-    return int(start), int(end)
-
-
-def server_config_from_args(args: argparse.Namespace):  # -> ServerConfig
-    """A validated ServerConfig from the parsed options."""
-    from drift.server.config import ServerConfig
-
-    start, end = parse_block_indices(args.block_indices)
+def server_config_from_args(args: argparse.Namespace, *, num_blocks: int | None = None,
+                            cache_dir: Path | None = None) -> ServerConfig:  # fmt: skip
+    """A validated ServerConfig from the parsed options (`num_blocks` overrides the flag)."""
+    start, end = (None, None) if args.block_indices is None else parse_span(args.block_indices)
     for name in ("attn_cache_tokens", "max_batch_size", "inference_max_length"):
         if getattr(args, name) < 1:
             raise BadRequest(f"--{name} must be >= 1")
     if args.session_timeout <= 0 or args.max_body_mb <= 0:
         raise BadRequest("--session_timeout and --max_body_mb must be > 0")
     return ServerConfig(
-        model=args.model, start_block=start, end_block=end, num_blocks=args.num_blocks,
+        model=args.model, start_block=start, end_block=end,
+        num_blocks=args.num_blocks if num_blocks is None else num_blocks,
         device=args.device, torch_dtype=args.torch_dtype,
         attn_cache_tokens=args.attn_cache_tokens, max_batch_size=args.max_batch_size,
         inference_max_length=args.inference_max_length, session_timeout_s=args.session_timeout,
         max_body_bytes=int(args.max_body_mb * (1 << 20)), throughput=args.throughput,
-        cache_dir=resolve_cache_dir(args.cache_dir),
+        cache_dir=cache_dir or resolve_cache_dir(args.cache_dir),
     )  # fmt: skip
+
+
+def live_swarm_records(config: NodeConfig) -> list[PeerRecord]:
+    """The verified live records of the swarm `config` joins (none without initial peers)."""
+    if not config.initial_peers:
+        return []
+    snap = read_swarm_blocking(config.initial_peers, swarm_key=config.swarm_key)
+    return [r for r in snap.live() if r.state == "online"]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,24 +120,19 @@ def run(args: argparse.Namespace) -> int:
     except DriftError as exc:
         log.error("%s", exc.message)
         return 2
-    cache = resolve_cache_dir(args.cache_dir)
-    with process_record("server", cache_dir=cache, peer_id=identity.peer_id,
-                        model=args.model) as rec:  # fmt: skip
+    node_config = dataclasses.replace(node_config, client_max_size=config.max_body_bytes)
+    with process_record("server", cache_dir=config.cache_dir, peer_id=identity.peer_id,
+                        model=config.model) as rec:  # fmt: skip
         exit_on_sigterm()  # while loading, SIGTERM (drift down) ends it through `finally`
-        return _load_and_serve(args, rec, identity, node_config, config)
+        return _load_and_serve(rec, identity, node_config, config)
 
 
-def _load_and_serve(args: argparse.Namespace, rec: Any, identity: Any, node_config: Any,
-                    config: Any) -> int:  # fmt: skip
-    from drift.cli.up import swarm_records
-    from drift.node import MembershipNode, RunningApp, build_node_app, run_node
+def _load_and_serve(rec: RecordHandle, identity: Identity, node_config: NodeConfig,
+                    config: ServerConfig) -> int:  # fmt: skip
     from drift.server.build import attach_server, load_server
 
     try:
-        node_config = dataclasses.replace(node_config, client_max_size=config.max_body_bytes)
-        records = []
-        if node_config.initial_peers:
-            records = swarm_records(node_config.initial_peers, node_config.swarm_key)
+        records = live_swarm_records(node_config)
         server = load_server(config, records=records, progress=progress_bar("loading blocks"))
         node = MembershipNode(identity, node_config)
     except DriftError as exc:

@@ -1,7 +1,8 @@
 """`drift status`: the swarm's members and block coverage as a terminal table.
 
-Reads GET /swarm and GET /swarm/coverage from the first initial peer that answers, over
-plain HTTP (urllib, no torch, no event loop). Knows nothing about serving or generating.
+Reads the verified membership table from the first initial peer that answers
+(drift.swarm.reader, the SDK's reader) and computes coverage from it (drift.swarm.coverage,
+what every node serves at /swarm/coverage). No torch. Knows nothing about serving.
 """
 
 from __future__ import annotations
@@ -10,16 +11,13 @@ import argparse
 import json
 import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
 
 from drift.cli._options import add_initial_peers, add_swarm_key
-from drift.identity.tokens import JoinToken, parse_join_tokens
-from drift.wire.errors import BadRequest, DriftError, PeerUnavailable, from_payload
+from drift.identity.tokens import parse_join_tokens
+from drift.swarm import Coverage, PeerRecord, format_ranges, format_span
+from drift.swarm.reader import read_swarm_blocking
+from drift.wire.errors import DriftError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -38,137 +36,37 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def fetch_json(url: str, *, swarm_key: str | None = None, timeout: float = 10.0) -> Any:
-    """GET `url` and decode its JSON; DRIFT errors are re-raised with their codes."""
-    headers = {"Accept": "application/json"}
-    if swarm_key:
-        headers["Authorization"] = f"Bearer {swarm_key}"
-    request = urllib.request.Request(url, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        try:
-            payload = json.loads(exc.read())
-        except ValueError:
-            payload = None
-        raise from_payload(payload, exc.code) from exc
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise PeerUnavailable(f"cannot read {url}: {exc}") from exc
-
-
-@dataclass(frozen=True)
-class SwarmSnapshot:
-    """What one peer says about the swarm: its table and per-model coverage."""
-
-    token: JoinToken
-    peer_id: str
-    records: list[dict[str, Any]]
-    coverages: list[dict[str, Any]]  # one /swarm/coverage answer per model
-
-
-def read_swarm(
-    tokens: tuple[JoinToken, ...],
-    *,
-    swarm_key: str | None = None,
-    model: str | None = None,
-    timeout: float = 10.0,
-) -> SwarmSnapshot:
-    """Ask each initial peer in turn; the first that answers gives the snapshot."""
-    if not tokens:
-        raise BadRequest("no initial peers given; pass --initial_peers drift://...")
-    errors: list[str] = []
-    for token in tokens:
-        key = token.swarm_key or swarm_key
-        try:
-            swarm = fetch_json(f"{token.url}/swarm", swarm_key=key, timeout=timeout)
-            if swarm.get("peer_id") != token.peer_id:
-                raise PeerUnavailable(
-                    f"{token.url} holds peer id {swarm.get('peer_id')}, not {token.peer_id}"
-                )
-            coverages = _coverages(token, key, model, timeout)
-        except DriftError as exc:
-            errors.append(f"{token.to_drift(with_key=False)}: {exc.message}")
-            continue
-        return SwarmSnapshot(token, token.peer_id, list(swarm.get("records", [])), coverages)
-    raise PeerUnavailable("no initial peer answered: " + "; ".join(errors))
-
-
-def _coverages(
-    token: JoinToken, key: str | None, model: str | None, timeout: float
-) -> list[dict[str, Any]]:
-    def coverage_of(name: str | None) -> dict[str, Any]:
-        query = "" if name is None else "?model=" + urllib.parse.quote(name, safe="")
-        return fetch_json(f"{token.url}/swarm/coverage{query}", swarm_key=key, timeout=timeout)
-
-    if model is not None:
-        return [coverage_of(model)]
-    first = coverage_of(None)
-    models = first.get("models") or []
-    if len(models) <= 1:
-        return [first] if first.get("model") else []
-    return [coverage_of(m.get("model_fingerprint") or m.get("model")) for m in models]
-
-
-def block_ranges(indices: list[int]) -> str:
-    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'."""
-    runs: list[list[int]] = []
-    for i in sorted(indices):
-        if runs and i == runs[-1][1] + 1:
-            runs[-1][1] = i
-        else:
-            runs.append([i, i])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
-
-
-def format_members(records: list[dict[str, Any]], *, now: float | None = None) -> list[str]:
+def format_members(records: Sequence[PeerRecord], *, now: float | None = None) -> list[str]:
     now = time.time() if now is None else now
-    rows = [("peer", "address", "role", "blocks", "state", "throughput", "cache left", "sessions")]
-    for rec in sorted(
-        records, key=lambda r: (r.get("start_block") is None, r.get("start_block") or 0)
-    ):
-        span = (
-            f"[{rec['start_block']}, {rec['end_block']})"
-            if rec.get("start_block") is not None
-            else "-"
-        )
-        state = str(rec.get("state"))
-        if float(rec.get("expires_at") or now) < now:
-            state += " (expired)"
-        rows.append(
-            (
-                _short(str(rec.get("peer_id"))),
-                ", ".join(rec.get("addrs") or []) or "-",
-                str(rec.get("role", "-")),
-                span,
-                state,
-                f"{float(rec.get('throughput') or 0):.1f}",
-                f"{rec.get('cache_tokens_left', '-')}/{rec.get('cache_tokens_total', '-')}",
-                str(rec.get("active_sessions", "-")),
-            )
-        )
+    rows = [("peer", "address", "role", "blocks", "dtype", "state", "throughput", "cache left",
+             "sessions")]  # fmt: skip
+    for rec in sorted(records, key=lambda r: (r.span is None, r.start_block or 0)):
+        span = format_span(*rec.span) if rec.span is not None else "-"
+        kind = "-" if rec.dtype is None else rec.dtype + ("" if rec.quant in (None, "none")
+                                                          else f"/{rec.quant}")  # fmt: skip
+        state = rec.state + (" (expired)" if rec.expires_at < now else "")
+        rows.append((_short(rec.peer_id), ", ".join(rec.addrs) or "-", rec.role, span, kind,
+                     state, f"{rec.throughput:.1f}",
+                     f"{rec.cache_tokens_left}/{rec.cache_tokens_total}",
+                     str(rec.active_sessions)))  # fmt: skip
     return _table(rows)
 
 
-def format_coverage(cov: dict[str, Any]) -> list[str]:
-    n = int(cov.get("num_blocks") or 0)
-    blocks = cov.get("blocks") or []
-    missing = cov.get("missing") or []
-    lines = [
-        f"model {cov.get('model')} ({n} blocks, fingerprint {str(cov.get('model_fingerprint'))[:12]})"
-    ]
+def format_coverage(cov: Coverage) -> list[str]:
+    n = cov.num_blocks or 0
+    blocks = cov.blocks
+    lines = [f"model {cov.model} ({n} blocks, fingerprint {str(cov.model_fingerprint)[:12]})"]
     rows = [("blocks", "servers", "throughput")]
     start = 0
     for i in range(1, len(blocks) + 1):  # group runs of blocks with the same servers
-        if i == len(blocks) or blocks[i].get("peers") != blocks[start].get("peers"):
-            peers = blocks[start].get("peers") or []
-            names = ", ".join(_short(p) for p in peers) or "MISSING"
-            span = f"[{blocks[start]['index']}, {blocks[i - 1]['index'] + 1})"
-            rows.append((span, names, f"{float(blocks[start].get('throughput') or 0):.1f}"))
+        if i == len(blocks) or blocks[i].peers != blocks[start].peers:
+            names = ", ".join(_short(p) for p in blocks[start].peers) or "MISSING"
+            span = format_span(blocks[start].index, blocks[i - 1].index + 1)
+            rows.append((span, names, f"{blocks[start].throughput:.1f}"))
             start = i
     lines += _table(rows)
-    if missing:
-        lines.append(f"missing blocks: {block_ranges(missing)} ({len(missing)} of {n})")
+    if cov.missing:
+        lines.append(f"missing blocks: {format_ranges(cov.missing)} ({len(cov.missing)} of {n})")
     else:
         lines.append(f"all {n} blocks covered")
     return lines
@@ -188,22 +86,22 @@ def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     try:
         tokens = parse_join_tokens(args.initial_peers)
-        snap = read_swarm(tokens, swarm_key=args.swarm_key, model=args.model, timeout=args.timeout)
+        snap = read_swarm_blocking(tokens, swarm_key=args.swarm_key, timeout_s=args.timeout)
+        coverages = snap.coverages(args.model)
     except DriftError as exc:
         print(f"drift status: {exc.message}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({"records": snap.records, "coverage": snap.coverages}, indent=1))
+        print(json.dumps({"records": [r.to_wire() for r in snap.records],
+                          "coverage": [c.to_wire() for c in coverages]}, indent=1))  # fmt: skip
         return 0
-    online = [r for r in snap.records if r.get("state") == "online"]
-    print(
-        f"swarm seen from {snap.token.to_drift(with_key=False)}: "
-        f"{len(online)} of {len(snap.records)} peers online"
-    )
+    online = [r for r in snap.records if r.state == "online"]
+    print(f"swarm seen from {snap.url} ({snap.peer_id}): {len(online)} of "
+          f"{len(snap.records)} peers online")  # fmt: skip
     print("\n".join(format_members(snap.records)))
-    if not snap.coverages:
+    if not coverages:
         print("\nno model served yet")
-    for cov in snap.coverages:
+    for cov in coverages:
         print()
         print("\n".join(format_coverage(cov)))
     return 0

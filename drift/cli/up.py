@@ -2,8 +2,9 @@
 
 A stable identity (under the cache dir) and a stable port (31337) keep the printed join
 command valid across restarts. The block count comes from free memory unless pinned; the
-span is where the swarm is weakest, after a short random delay. Composes drift.node and
-drift.server; the background loops (coverage reports, re-balancing) live in _up_loops.
+span is where the swarm is weakest, after a short random delay. The arguments become one
+frozen `UpConfig`; composes drift.node and drift.server; the background loops (coverage
+reports, re-balancing) live in _up_loops.
 """
 
 from __future__ import annotations
@@ -13,14 +14,22 @@ import dataclasses
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from drift.cli._net import check_port_free, join_command
-from drift.cli._options import add_node_options, listen_address
+from drift.cli._options import add_node_options
 from drift.cli._progress import progress_bar
-from drift.cli.procs import exit_on_sigterm, process_record, resolve_cache_dir
-from drift.cli.server import add_server_options
+from drift.cli._up_loops import BalanceConfig, start_loops
+from drift.cli.dht import node_config_from_args
+from drift.cli.procs import RecordHandle, exit_on_sigterm, process_record
+from drift.cli.server import add_server_options, live_swarm_records, server_config_from_args
+from drift.identity import Identity
+from drift.node import NodeConfig
+from drift.paths import resolve_cache_dir
+from drift.server.config import ServerConfig
+from drift.swarm import PeerRecord
 from drift.wire.errors import BadRequest, DriftError
 
 
@@ -60,131 +69,112 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+@dataclass(frozen=True)
+class UpConfig:
+    """Everything `drift up` was asked for, checked once before minutes of loading."""
+
+    model: str  # MODEL as given (the join command repeats it)
+    node: NodeConfig
+    server: ServerConfig  # num_blocks None: sized from free memory
+    identity_path: Path  # stable identity: the join token survives restarts
+    quant_type: str  # none | int8 | nf4
+    start_delay_s: float  # max random wait before reading the swarm, seconds
+    balance: BalanceConfig | None  # None: never move (pinned span or --balance_quality 0)
+
+
+def up_config_from_args(args: argparse.Namespace) -> UpConfig:
+    cache = resolve_cache_dir(args.cache_dir)
+    server = server_config_from_args(args, cache_dir=cache)
+    node = dataclasses.replace(node_config_from_args(args), client_max_size=server.max_body_bytes)
+    if args.quant_type != "none":
+        raise BadRequest("--quant_type int8/nf4 is not supported by the block server yet; use none")
+    balance = None
+    if args.balance_quality > 0 and server.start_block is None:
+        balance = BalanceConfig(args.balance_quality, args.mean_balance_check_period)
+    identity_path = (
+        Path(args.identity_path).expanduser() if args.identity_path else cache / "identity.key"
+    )
+    return UpConfig(args.model, node, server, identity_path, args.quant_type, args.start_delay,
+                    balance)  # fmt: skip
+
+
 def say(text: str) -> None:
     print(text, flush=True)
 
 
-def parse_block_indices(text: str | None) -> tuple[int, int] | None:
-    if text is None:
-        return None
-    start, colon, end = text.partition(":")
-    if not colon or not start.strip().isdigit() or not end.strip().isdigit():
-        raise BadRequest(f"--block_indices {text!r} must look like START:END, e.g. 0:15")
-    return int(start), int(end)
-
-
-def swarm_records(tokens: tuple[Any, ...], swarm_key: str | None) -> list[Any]:
-    """The live records of the swarm behind `tokens`, verified (for picking our span)."""
-    from drift.cli.status import read_swarm
-    from drift.swarm import PeerRecord
-
-    snap = read_swarm(tokens, swarm_key=swarm_key)
-    now = time.time()
-    out = []
-    for raw in snap.records:
-        try:
-            rec = PeerRecord.from_wire(raw)
-        except DriftError:
-            continue
-        if rec.verify() and rec.state == "online" and rec.expires_at > now:
-            out.append(rec)
-    return out
-
-
-def _swarm_key(args: argparse.Namespace, tokens: tuple[Any, ...]) -> str | None:
-    return args.swarm_key or next((t.swarm_key for t in tokens if t.swarm_key), None)
-
-
-def pick_num_blocks(args: argparse.Namespace, ckpt: Any, cache: Path) -> int | None:
-    """--num_blocks, or the memory-based count (None when --block_indices pins the span)."""
-    if args.block_indices is not None:
-        return None
-    if args.num_blocks is not None:
-        return int(args.num_blocks)
-    from drift.cli._capacity import choose_num_blocks
-    from drift.models.devices import parse_dtype, pick_device
-
-    device = pick_device(args.device)
-    dtype = parse_dtype(args.torch_dtype, device)
-    cap = choose_num_blocks(ckpt.config, device, dtype, quant=args.quant_type,
-                            cache_tokens=args.attn_cache_tokens)  # fmt: skip
-    say(f"memory: {cap.explain()}")
-    return cap.num_blocks
-
-
 def run(args: argparse.Namespace) -> int:
     try:
-        return _run(args)
+        return _run(up_config_from_args(args))
     except DriftError as exc:
         print(f"drift up: {exc.message}", file=sys.stderr)
         return 1
 
 
-def _run(args: argparse.Namespace) -> int:
-    from drift.cli.dht import node_config_from_args
+def _run(cfg: UpConfig) -> int:
     from drift.identity import load_or_create_identity
-    from drift.identity.tokens import parse_join_tokens
 
-    cache = resolve_cache_dir(args.cache_dir)
-    node_config_from_args(args)  # every network option checked before minutes of loading
-    host, port = listen_address(args)
-    check_port_free(host, port)  # before minutes of loading, not after
-    identity_path = (
-        Path(args.identity_path).expanduser() if args.identity_path else cache / "identity.key"
-    )
-    identity = load_or_create_identity(identity_path)
-    tokens = parse_join_tokens(args.initial_peers)
-    span = parse_block_indices(args.block_indices)
-    if args.quant_type != "none":
-        raise BadRequest("--quant_type int8/nf4 is not supported by the block server yet; use none")
-    say(f"peer id {identity.peer_id} (identity {identity_path})")
-    with process_record("up", cache_dir=cache, peer_id=identity.peer_id, model=args.model) as rec:
+    check_port_free(cfg.node.host, cfg.node.port)  # before minutes of loading, not after
+    identity = load_or_create_identity(cfg.identity_path)
+    say(f"peer id {identity.peer_id} (identity {cfg.identity_path})")
+    with process_record("up", cache_dir=cfg.server.cache_dir, peer_id=identity.peer_id,
+                        model=cfg.model) as rec:  # fmt: skip
         exit_on_sigterm()  # until the server runs, SIGTERM (drift down) ends it via `finally`
-        return _load_and_serve(args, rec, identity, tokens, span, cache, host, port)
+        return _load_and_serve(cfg, rec, identity)
 
 
-def _load_and_serve(args: argparse.Namespace, rec: Any, identity: Any, tokens: tuple[Any, ...],
-                    span: tuple[int, int] | None, cache: Path, host: str, port: int) -> int:  # fmt: skip
+def pick_num_blocks(cfg: UpConfig, ckpt: Any) -> int | None:
+    """--num_blocks, or the memory-based count (None when --block_indices pins the span)."""
+    if cfg.server.start_block is not None:
+        return None
+    if cfg.server.num_blocks is not None:
+        return cfg.server.num_blocks
+    from drift.cli._capacity import choose_num_blocks
+    from drift.models.devices import parse_dtype, pick_device
 
+    device = pick_device(cfg.server.device)
+    dtype = parse_dtype(cfg.server.torch_dtype, device)
+    cap = choose_num_blocks(ckpt.config, device, dtype, quant=cfg.quant_type,
+                            cache_tokens=cfg.server.attn_cache_tokens)  # fmt: skip
+    say(f"memory: {cap.explain()}")
+    return cap.num_blocks
+
+
+def _load_and_serve(cfg: UpConfig, rec: RecordHandle, identity: Identity) -> int:
     from drift.models.checkpoint import open_checkpoint
 
-    say(f"opening {args.model} (converted once, then cached under {cache}) ...")
-    ckpt = open_checkpoint(args.model, cache_dir=cache)
-    num_blocks = pick_num_blocks(args, ckpt, cache)
-    records: list[Any] = []
+    say(f"opening {cfg.model} (converted once, then cached under {cfg.server.cache_dir}) ...")
+    ckpt = open_checkpoint(cfg.model, cache_dir=cfg.server.cache_dir)
+    cfg = dataclasses.replace(
+        cfg, server=dataclasses.replace(cfg.server, num_blocks=pick_num_blocks(cfg, ckpt))
+    )
+    records: list[PeerRecord] = []
+    tokens = cfg.node.initial_peers
     if tokens:
-        if span is None and args.start_delay > 0:
-            delay = random.uniform(0, args.start_delay)
+        if cfg.server.start_block is None and cfg.start_delay_s > 0:
+            delay = random.uniform(0, cfg.start_delay_s)
             say(f"waiting {delay:.1f}s so servers starting together pick different blocks ...")
-            time.sleep(delay)
+            time.sleep(delay)  # synchronous start-up: no event loop runs yet
         say(f"reading the swarm from {tokens[0].to_drift(with_key=False)} ...")
-        records = swarm_records(tokens, _swarm_key(args, tokens))
-    return serve(args, rec, identity, tokens, ckpt, cache, span, num_blocks, records, host, port)
+        records = live_swarm_records(cfg.node)
+    return serve(cfg, rec, identity, ckpt, records)
 
 
-def serve(args: argparse.Namespace, rec: Any, identity: Any, tokens: tuple[Any, ...], ckpt: Any,
-          cache: Path, span: tuple[int, int] | None, num_blocks: int | None,
-          records: list[Any], host: str, port: int) -> int:  # fmt: skip
-    from drift.cli._up_loops import start_loops
-    from drift.cli.dht import node_config_from_args
-    from drift.cli.server import server_config_from_args
+def serve(cfg: UpConfig, rec: RecordHandle, identity: Identity, ckpt: Any,
+          records: list[PeerRecord]) -> int:  # fmt: skip
     from drift.node.app import build_node_app
     from drift.node.membership import MembershipNode
     from drift.node.runner import RunningApp, run_node
     from drift.server.build import attach_server, load_server
 
-    config = dataclasses.replace(server_config_from_args(args), num_blocks=num_blocks,
-                                 cache_dir=cache)  # fmt: skip
     say("loading blocks (weights are read block by block) ...")
     t0 = time.perf_counter()
-    server = load_server(config, records=records, progress=progress_bar("loading blocks"))
+    server = load_server(cfg.server, records=records, progress=progress_bar("loading blocks"),
+                         ckpt=ckpt)  # fmt: skip
     b = server.backend
     say(f"loaded blocks [{b.start_block}, {b.end_block}) of {b.model_name} ({b.num_model_blocks} "
         f"blocks) as {b.dtype_name} in {time.perf_counter() - t0:.1f}s; "
         f"throughput {server.throughput:.1f} block-tokens/s")  # fmt: skip
-    node_config = dataclasses.replace(node_config_from_args(args), host=host, port=port,
-                                      client_max_size=config.max_body_bytes)  # fmt: skip
-    node = MembershipNode(identity, node_config)
+    node = MembershipNode(identity, cfg.node)
     app = build_node_app(node)
     attach_server(app, server, node)
 
@@ -195,10 +185,10 @@ def serve(args: argparse.Namespace, rec: Any, identity: Any, tokens: tuple[Any, 
         rec.update(port=running.port, extra={**rec.record.extra, "join_token": str(token)})
         say(f"serving blocks [{b.start_block}, {b.end_block}) on port {running.port}")
         say("to add another machine to this swarm, run there:")
-        say(f"  {join_command(args.model, str(token))}")
+        say(f"  {join_command(cfg.model, str(token))}")
         say(f"dashboard: {node.addrs[0]}/")
-        loops.extend(start_loops(app, node, server, ckpt, args))
+        loops.extend(start_loops(node, server, ckpt, cfg.balance))
 
-    run_node(app, host, port, on_started=on_started)
+    run_node(app, cfg.node.host, cfg.node.port, on_started=on_started)
     say("stopped")
     return 0

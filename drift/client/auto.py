@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from drift.client.classify import DistributedModelForSequenceClassification
+from drift.client.loading import open_client_checkpoint
 from drift.client.model import DistributedModelForCausalLM
 
 
@@ -52,19 +53,13 @@ FAMILY_CLASSES: dict[str, type[DistributedModelForCausalLM]] = {
 }
 
 
-def _model_type(name_or_path: Any, kwargs: dict[str, Any]) -> str:
-    from drift.models.checkpoint import open_checkpoint
-
-    ckpt = open_checkpoint(str(name_or_path), cache_dir=kwargs.get("cache_dir"),
-                           revision=kwargs.get("revision"), blocks=range(0))  # fmt: skip
-    return str(ckpt.config.model_type)
-
-
 class AutoDistributedModelForCausalLM:
     @classmethod
     def from_pretrained(cls, name_or_path: Any, **kwargs: Any) -> DistributedModelForCausalLM:
-        family = FAMILY_CLASSES.get(_model_type(name_or_path, kwargs), DistributedModelForCausalLM)
-        return family.from_pretrained(name_or_path, **kwargs)
+        ckpt = open_client_checkpoint(name_or_path, cache_dir=kwargs.pop("cache_dir", None),
+                                      revision=kwargs.pop("revision", None))  # fmt: skip
+        family = FAMILY_CLASSES.get(str(ckpt.config.model_type), DistributedModelForCausalLM)
+        return family.from_pretrained(ckpt, **kwargs)
 
 
 class AutoDistributedModelForSequenceClassification:

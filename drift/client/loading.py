@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from drift.client.config import ClientConfig
 from drift.client.remote import RemoteClient
 from drift.identity.tokens import JoinToken, parse_join_tokens
+from drift.wire.checks import ACTIVATION_DTYPES
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+if TYPE_CHECKING:
+    from drift.models.checkpoint import Checkpoint
+    from drift.models.head import ClientHead
 
 
 def resolve_dtype(dtype: Any, torch_dtype: Any) -> torch.dtype:
@@ -28,9 +31,11 @@ def resolve_dtype(dtype: Any, torch_dtype: Any) -> torch.dtype:
     if value is None or value == "auto":
         return torch.float32
     if isinstance(value, str):
-        value = _DTYPES.get(value.removeprefix("torch."))
-    if value not in _DTYPES.values():
-        raise ValueError(f"dtype must be one of {list(_DTYPES)}, got {dtype or torch_dtype!r}")
+        value = ACTIVATION_DTYPES.get(value.removeprefix("torch."))
+    if value not in ACTIVATION_DTYPES.values():
+        raise ValueError(
+            f"dtype must be one of {list(ACTIVATION_DTYPES)}, got {dtype or torch_dtype!r}"
+        )
     return value
 
 
@@ -51,19 +56,30 @@ def parse_peers(initial_peers: Any, swarm_key: str | None) -> tuple[JoinToken, .
     return tokens
 
 
+def open_client_checkpoint(name_or_path: Any, *, cache_dir: Any = None,
+                           revision: str | None = None) -> Checkpoint:  # fmt: skip
+    """The checkpoint as a client needs it (no block weights fetched); one already opened is
+    passed through, so a from_pretrained chain opens it once."""
+    from drift.models.checkpoint import Checkpoint, open_checkpoint
+
+    if isinstance(name_or_path, Checkpoint):
+        return name_or_path
+    cache = Path(cache_dir) if cache_dir is not None else None
+    return open_checkpoint(str(name_or_path), cache_dir=cache, revision=revision,
+                           blocks=range(0))  # fmt: skip
+
+
 def load_parts(
-    name_or_path: str | Path, *, initial_peers: Any, swarm_key: str | None = None,
+    name_or_path: Any, *, initial_peers: Any, swarm_key: str | None = None,
     dtype: Any = None, torch_dtype: Any = None, client_config: ClientConfig | None = None,
     cache_dir: Path | None = None, revision: str | None = None,
-) -> tuple[Any, Any, RemoteClient, torch.dtype]:  # fmt: skip
-    """(checkpoint, ClientHead, RemoteClient, dtype) for a model name or path."""
-    from drift.models.checkpoint import open_checkpoint
+) -> tuple[Checkpoint, ClientHead, RemoteClient, torch.dtype]:  # fmt: skip
+    """(checkpoint, ClientHead, RemoteClient, dtype) for a model name, path or Checkpoint."""
     from drift.models.head import ClientHead
 
     torch_dt = resolve_dtype(dtype, torch_dtype)
     tokens = parse_peers(initial_peers, swarm_key)
-    ckpt = open_checkpoint(str(name_or_path), cache_dir=cache_dir, revision=revision,
-                           blocks=range(0))  # fmt: skip
+    ckpt = open_client_checkpoint(name_or_path, cache_dir=cache_dir, revision=revision)
     head = ClientHead.load(ckpt, dtype=torch_dt)
     config = client_config or ClientConfig()
     token_keys = [t.swarm_key for t in tokens if t.swarm_key]
@@ -84,9 +100,5 @@ def load_tokenizer(
     """
     from transformers import AutoTokenizer
 
-    from drift.models.checkpoint import open_checkpoint
-
-    cache = Path(cache_dir) if cache_dir is not None else None
-    ckpt = open_checkpoint(str(name_or_path), cache_dir=cache, revision=revision,
-                           blocks=range(0))  # fmt: skip
+    ckpt = open_client_checkpoint(name_or_path, cache_dir=cache_dir, revision=revision)
     return AutoTokenizer.from_pretrained(ckpt.path)

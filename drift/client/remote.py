@@ -7,7 +7,6 @@ Every public method is a coroutine run on the client's loop; `run` is the sync b
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -54,10 +53,6 @@ class RemoteClient:
         if not self.http.closed:
             self.loop.run(self.http.close())
         self.loop.close()
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return self.swarm.headers
 
     async def route(
         self, start: int, end: int, *, inference: bool = False, tokens_needed: int = 0
@@ -108,7 +103,7 @@ class RemoteClient:
             for hop in hops:
                 try:
                     out = await transport.forward(
-                        self.http, hop, self.model_fingerprint, hidden, self.config, self.headers,
+                        self.http, hop, self.model_fingerprint, hidden, self.config,
                         attention_mask=attention_mask, prompts=slice_prompts(prompts, start, hop),
                     )  # fmt: skip
                 except DriftError as exc:
@@ -142,7 +137,7 @@ class RemoteClient:
             try:
                 return await transport.backward(
                     self.http, hop, self.model_fingerprint, inputs, grad, self.config,
-                    self.headers, attention_mask=mask, prompts=slice_prompts(prompts, start, hop),
+                    attention_mask=mask, prompts=slice_prompts(prompts, start, hop),
                 )  # fmt: skip
             except DriftError as exc:
                 attempts = self.count_failure(exc, hop, attempts)
@@ -157,6 +152,3 @@ class RemoteClient:
             return await self.backward(
                 sub_trace, grad, hop.start_block, attention_mask=mask, prompts=sub_prompts
             )
-
-    async def sleep_backoff(self, attempt: int) -> None:
-        await asyncio.sleep(min(0.05 * 2**attempt, 1.0))

@@ -12,6 +12,7 @@ import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from drift.swarm import PeerRecord, format_ranges
 from drift.wire.errors import MissingBlocks
 
 
@@ -26,6 +27,14 @@ class ServerInfo:
     throughput: float  # block-tokens per second for one block (higher is faster)
     cache_tokens_left: int
     rtt_s: float | None = None  # measured round trip, None if not measured yet
+
+    @classmethod
+    def from_record(cls, record: PeerRecord, rtt_s: float | None = None) -> ServerInfo:
+        """A serving record (online, with a span and an address) as a routing entry."""
+        assert record.span is not None and record.addrs, "not a serving record"
+        return cls(record.peer_id, record.addrs[0].rstrip("/"), *record.span,
+                   throughput=float(record.throughput or 1.0),
+                   cache_tokens_left=record.cache_tokens_left, rtt_s=rtt_s)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -51,23 +60,9 @@ def _check_covered(servers: list[ServerInfo], start_block: int, end_block: int) 
     missing = missing_blocks(servers, start_block, end_block)
     if missing:
         raise MissingBlocks(
-            f"no live server covers blocks {_ranges(missing)} of [{start_block}, {end_block})",
+            f"no live server covers blocks {format_ranges(missing)} of [{start_block}, {end_block})",
             missing=missing,
         )
-
-
-def _ranges(blocks: list[int]) -> str:
-    """[1, 2, 3, 7] -> '1-3, 7'."""
-    parts: list[str] = []
-    run_start = prev = blocks[0]
-    for b in blocks[1:] + [None]:  # type: ignore[list-item]
-        if b is not None and b == prev + 1:
-            prev = b
-            continue
-        parts.append(str(run_start) if run_start == prev else f"{run_start}-{prev}")
-        if b is not None:
-            run_start = prev = b
-    return ", ".join(parts)
 
 
 @dataclass(frozen=True)

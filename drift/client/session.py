@@ -74,9 +74,8 @@ class InferenceSession:
             try:
                 for hop in hops:
                     sock = await SpanSocket.open(
-                        self.client.http, hop, self._open_msg(hop), self.client.config,
-                        self.client.headers,
-                    )  # fmt: skip
+                        self.client.http, hop, self._open_msg(hop), self.client.config
+                    )
                     opened.append(SpanState(hop, sock))
                 return opened
             except DriftError as exc:

@@ -17,8 +17,8 @@ import zstandard
 
 from drift.client.config import ClientConfig
 from drift.client.routing import Hop
-from drift.node.auth import auth_headers
 from drift.wire import messages as m
+from drift.wire.auth import auth_headers
 from drift.wire.errors import DriftError, PeerUnavailable, from_payload
 from drift.wire.frames import MEDIA_TYPE
 
@@ -67,12 +67,11 @@ async def post_frame(
     message: Any,
     reply_cls: Any,
     config: ClientConfig,
-    headers: dict[str, str],
 ) -> Any:
-    data, extra = _body(message, config, f"/{route}")
+    data, headers = _body(message, config, f"/{route}")
     try:
         async with http.post(
-            f"{hop.addr}/{route}", data=data, headers={**headers, **extra}, timeout=_timeout(config)
+            f"{hop.addr}/{route}", data=data, headers=headers, timeout=_timeout(config)
         ) as resp:
             await _raise_for_reply(resp, hop)
             body = await resp.read()
@@ -83,23 +82,23 @@ async def post_frame(
 
 async def forward(
     http: aiohttp.ClientSession, hop: Hop, model: str, hidden: torch.Tensor,
-    config: ClientConfig, headers: dict[str, str], *,
+    config: ClientConfig, *,
     attention_mask: torch.Tensor | None = None, prompts: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     req = m.ForwardRequest(model, hop.start_block, hop.end_block, hidden, attention_mask, prompts)
-    reply = await post_frame(http, hop, "forward", req, m.ForwardResponse, config, headers)
+    reply = await post_frame(http, hop, "forward", req, m.ForwardResponse, config)
     return reply.hidden_states
 
 
 async def backward(
     http: aiohttp.ClientSession, hop: Hop, model: str, hidden: torch.Tensor,
-    grad_outputs: torch.Tensor, config: ClientConfig, headers: dict[str, str], *,
+    grad_outputs: torch.Tensor, config: ClientConfig, *,
     attention_mask: torch.Tensor | None = None, prompts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     req = m.BackwardRequest(
         model, hop.start_block, hop.end_block, hidden, grad_outputs, attention_mask, prompts
     )
-    reply = await post_frame(http, hop, "backward", req, m.BackwardResponse, config, headers)
+    reply = await post_frame(http, hop, "backward", req, m.BackwardResponse, config)
     return reply.grad_inputs, reply.grad_prompts
 
 
@@ -114,11 +113,10 @@ class SpanSocket:
 
     @classmethod
     async def open(
-        cls, http: aiohttp.ClientSession, hop: Hop, request: m.OpenSession,
-        config: ClientConfig, headers: dict[str, str],
+        cls, http: aiohttp.ClientSession, hop: Hop, request: m.OpenSession, config: ClientConfig,
     ) -> SpanSocket:  # fmt: skip
         url = f"{hop.addr}/inference"
-        headers = {**headers, **auth_headers(config.swarm_key, "GET", "/inference")}
+        headers = auth_headers(config.swarm_key, "GET", "/inference")
         try:
             ws = await http.ws_connect(
                 url, headers=headers, max_msg_size=0,

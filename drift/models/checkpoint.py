@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
+from drift.paths import default_cache_dir
 from drift.wire.errors import BadRequest, NotFound
 
 from .sources.aliases import ALIASES, find_alias, resolve_alias
@@ -56,12 +57,6 @@ _NOT_ARCHITECTURE = frozenset(
     }
 )
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
-def default_cache_dir() -> Path:
-    """$DRIFT_CACHE, else ~/.cache/drift (read at call time)."""
-    env = os.environ.get("DRIFT_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "drift"
 
 
 def architecture_dict(config: PretrainedConfig) -> dict[str, Any]:

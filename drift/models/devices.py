@@ -58,8 +58,3 @@ def parse_dtype(name: str | torch.dtype, device: torch.device | None = None) -> 
     if key not in _DTYPES:
         raise BadRequest(f"unknown dtype {name!r}; use float32, float16, bfloat16 or auto")
     return _DTYPES[key]
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """The canonical wire name of a supported dtype ("float32", "float16", "bfloat16")."""
-    return str(dtype).removeprefix("torch.")

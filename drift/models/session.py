@@ -1,22 +1,35 @@
 """SpanSession: one client's KV cache over a (sub-)span, fed a prompt and then new tokens.
 
 It keeps the growing 2D mask [B, position] (left padding, ALiBi), rolls back to an earlier
-position, reorders rows for beam search, and refuses to grow past max_length. The layers
-themselves run in ModelSpan.run_layers.
+position, reorders rows for beam search, and refuses to grow past max_length. `step` takes
+loose tensors and validates them (drift.wire.checks, the same checks the wire edge runs);
+`run` takes a step already validated there and trusts it. The layers run in the span.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
 from drift.models.cache import cache_length, new_cache, reorder, rollback
-from drift.models.inputs import check_hidden, check_hypo_ids, check_mask, check_prompts
-from drift.wire.errors import BadRequest, BadTensor, LengthExceeded
+from drift.wire.checks import StepLimits, check_pass, check_step_limits
+from drift.wire.errors import BadRequest, LengthExceeded
 
-if TYPE_CHECKING:
-    from drift.models.span import ModelSpan
+
+class SpanLayers(Protocol):
+    """What a session needs of its span (drift.models.span.ModelSpan)."""
+
+    config: Any
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def adapter(self) -> Any: ...
+
+    def run_layers(self, layer_ids: tuple[int, ...], hidden: torch.Tensor,
+                   mask_2d: torch.Tensor, cache: Any, prompts: torch.Tensor | None,
+                   offset: int) -> torch.Tensor: ...  # fmt: skip
 
 
 class SpanSession:
@@ -24,7 +37,7 @@ class SpanSession:
 
     def __init__(
         self,
-        span: ModelSpan,
+        span: SpanLayers,
         start_block: int,
         end_block: int,
         *,
@@ -38,6 +51,8 @@ class SpanSession:
         self.span = span
         self.start_block, self.end_block = start_block, end_block
         self.batch_size, self.max_length = int(batch_size), int(max_length)
+        self.limits = StepLimits(int(span.adapter.hidden_size), self.batch_size,
+                                 self.max_length, end_block - start_block)  # fmt: skip
         self.layer_ids = tuple(range(start_block, end_block))
         self.cache = new_cache(span.config)
         self.mask = torch.zeros(self.batch_size, 0, dtype=torch.bool, device=span.device)
@@ -53,45 +68,57 @@ class SpanSession:
         attention_mask: torch.Tensor | None = None,
         prompts: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """hidden [B, T, H] at `position` (default: the end) -> [B, T, H] in hidden's dtype."""
+        """Validate loose tensors, then `run`: hidden [B, T, H] at `position` (default: the
+        end) -> [B, T, H] in hidden's dtype."""
+        start = self.position if position is None else int(position)
+        if start < 0:
+            raise LengthExceeded(f"step at position {start}: positions start at 0")
+        x = check_pass(hidden, attention_mask, prompts, hypo_ids=hypo_ids,
+                       hidden_size=self.limits.hidden_size, n_blocks=self.limits.n_blocks)  # fmt: skip
+        check_step_limits(x, start, self.limits)
+        return self.run(start, x.hidden, hypo_ids=x.hypo_ids, attention_mask=x.attention_mask,
+                        prompts=x.prompts)  # fmt: skip
+
+    def run(
+        self,
+        position: int,
+        hidden: torch.Tensor,
+        *,
+        hypo_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        prompts: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """A validated step (checks and limits already passed): only the cache's own state is
+        checked here. Inputs move to the span's device once."""
         if self.closed:
             raise BadRequest("this inference session is closed")
-        check_hidden(hidden, self.span.adapter.hidden_size)
+        if position > self.position:
+            raise LengthExceeded(
+                f"step at position {position}, but the session holds {self.position} tokens"
+            )
+        device = self.span.device
         batch, tokens = hidden.shape[:2]
-        if batch != self.batch_size:
-            raise BadTensor(f"session batch size is {self.batch_size}, got {batch}")
-        start = self.position if position is None else int(position)
-        if start < 0 or start > self.position:
-            raise LengthExceeded(
-                f"step at position {start}, but the session holds {self.position} tokens"
-            )
-        if start + tokens > self.max_length:
-            raise LengthExceeded(
-                f"{start} + {tokens} tokens exceeds the session's max_length {self.max_length}"
-            )
-        new_mask = check_mask(attention_mask, batch, tokens)
-        if new_mask is None:
-            new_mask = torch.ones(batch, tokens, dtype=torch.bool)
-        check_prompts(prompts, len(self.layer_ids), batch, self.span.adapter.hidden_size)
-        hypo = check_hypo_ids(hypo_ids, batch)
-        if start < self.position:
-            self._rollback(start)
-        if hypo is not None:
-            hypo = hypo.to(self.span.device)
+        if position < self.position:
+            self._rollback(position)
+        if hypo_ids is not None:
+            hypo = hypo_ids.to(device)
             reorder(self.cache, hypo)
             self.mask = self.mask[hypo]
-        mask_2d = torch.cat([self.mask, new_mask.to(self.span.device)], dim=1)  # [B, past + T]
-        span_prompts = None if prompts is None else prompts.to(self.span.device, self.span.dtype)
-        inputs = hidden.to(self.span.device, self.span.dtype)
+        new_mask = (
+            torch.ones(batch, tokens, dtype=torch.bool, device=device)
+            if attention_mask is None
+            else attention_mask.to(device, torch.bool)
+        )
+        mask_2d = torch.cat([self.mask, new_mask], dim=1)  # [B, past + T]
+        span_prompts = None if prompts is None else prompts.to(device, self.span.dtype)
         try:
             with torch.no_grad():
-                out = self.span.run_layers(
-                    self.layer_ids, inputs, mask_2d, self.cache, span_prompts, start
-                )
+                out = self.span.run_layers(self.layer_ids, hidden.to(device, self.span.dtype),
+                                           mask_2d, self.cache, span_prompts, position)  # fmt: skip
         except Exception:
-            rollback(self.cache, start)  # leave the session as it was before this step
+            rollback(self.cache, position)  # leave the session as it was before this step
             raise
-        self.mask, self.position = mask_2d, start + tokens
+        self.mask, self.position = mask_2d, position + tokens
         assert cache_length(self.cache, self.start_block) == self.position
         return out.to(hidden.dtype)
 

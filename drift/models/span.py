@@ -8,18 +8,16 @@ a KV cache. Family specifics live in the adapter; sessions live in drift.models.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from drift.models.adapters.base import RunContext
 from drift.models.convert import convert_block
-from drift.models.inputs import check_hidden, check_mask, check_prompts, check_range
 from drift.models.registry import get_adapter
-from drift.wire.errors import BadRequest, BadTensor
-
-if TYPE_CHECKING:
-    from drift.models.session import SpanSession
+from drift.models.session import SpanSession
+from drift.wire.checks import check_grad_outputs, check_pass
+from drift.wire.errors import BadRequest, SpanNotServed
 
 
 def positions_from_mask(mask_2d: torch.Tensor, tokens: int) -> torch.Tensor:
@@ -111,22 +109,14 @@ class ModelSpan(torch.nn.Module):
             hidden = self.adapter.call_layer(layer, index, hidden, prep, ctx)
         return hidden
 
-    def _prepare_inputs(
-        self,
-        hidden: torch.Tensor,
-        start_block: int | None,
-        end_block: int | None,
-        attention_mask: torch.Tensor | None,
-        prompts: torch.Tensor | None,
-    ) -> tuple[tuple[int, ...], torch.Tensor, torch.Tensor]:
-        start, end = check_range(start_block, end_block, self.start_block, self.end_block)
-        check_hidden(hidden, self.adapter.hidden_size)
-        batch, tokens = hidden.shape[:2]
-        mask = check_mask(attention_mask, batch, tokens)
-        check_prompts(prompts, end - start, batch, self.adapter.hidden_size)
-        if mask is None:
-            mask = torch.ones(batch, tokens, dtype=torch.bool)
-        return tuple(range(start, end)), mask.to(self.device), hidden.to(self.device, self.dtype)
+    def check_range(self, start_block: int | None, end_block: int | None) -> tuple[int, int]:
+        """The half-open sub-span [start, end) of what is held, defaults filled in."""
+        start = self.start_block if start_block is None else int(start_block)
+        end = self.end_block if end_block is None else int(end_block)
+        if not self.start_block <= start < end <= self.end_block:
+            raise SpanNotServed(f"blocks [{start}, {end}) are not inside the served span "
+                                f"[{self.start_block}, {self.end_block})")  # fmt: skip
+        return start, end
 
     def forward(
         self,
@@ -138,14 +128,10 @@ class ModelSpan(torch.nn.Module):
         prompts: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Stateless pass of hidden [B, T, H]; returns [B, T, H] in hidden's dtype."""
-        ids, mask, inputs = self._prepare_inputs(
-            hidden, start_block, end_block, attention_mask, prompts
-        )
-        if prompts is not None:
-            prompts = prompts.to(self.device, self.dtype)
-        with torch.no_grad():
-            out = self.run_layers(ids, inputs, mask, None, prompts, 0)
-        return out.to(hidden.dtype)
+        start, end = self.check_range(start_block, end_block)
+        x = check_pass(hidden, attention_mask, prompts, hidden_size=self.adapter.hidden_size,
+                       n_blocks=end - start)  # fmt: skip
+        return self.run_forward(start, end, x.hidden, x.attention_mask, x.prompts)
 
     def backward(
         self,
@@ -158,28 +144,51 @@ class ModelSpan(torch.nn.Module):
         prompts: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Gradients w.r.t. hidden (and prompts), by recomputing the forward with autograd."""
-        ids, mask, inputs = self._prepare_inputs(
-            hidden, start_block, end_block, attention_mask, prompts
-        )
-        check_hidden(grad_output, self.adapter.hidden_size, name="grad_outputs")
-        if grad_output.shape != hidden.shape:
-            raise BadTensor(
-                f"grad_outputs shape {tuple(grad_output.shape)} differs from hidden_states "
-                f"{tuple(hidden.shape)}"
-            )
+        start, end = self.check_range(start_block, end_block)
+        x = check_pass(hidden, attention_mask, prompts, hidden_size=self.adapter.hidden_size,
+                       n_blocks=end - start)  # fmt: skip
+        grad = check_grad_outputs(grad_output, x.hidden)
+        return self.run_backward(start, end, x.hidden, grad, x.attention_mask, x.prompts)
+
+    # --- trusted entries: inputs validated by the caller (the wire edge, or the above) --------
+    def _inputs(
+        self, hidden: torch.Tensor, mask: torch.Tensor | None, prompts: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(hidden, bool mask [B, T], prompts) on the span's device and dtype: moved once."""
+        if mask is None:
+            mask_2d = torch.ones(hidden.shape[:2], dtype=torch.bool, device=self.device)
+        else:
+            mask_2d = mask.to(self.device, torch.bool)
+        if prompts is not None:
+            prompts = prompts.to(self.device, self.dtype)
+        return hidden.to(self.device, self.dtype), mask_2d, prompts
+
+    def run_forward(self, start: int, end: int, hidden: torch.Tensor, mask: torch.Tensor | None,
+                    prompts: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+        """Blocks [start, end) on validated inputs; [B, T, H] in hidden's dtype."""
+        inputs, mask_2d, span_prompts = self._inputs(hidden, mask, prompts)
+        with torch.no_grad():
+            out = self.run_layers(tuple(range(start, end)), inputs, mask_2d, None, span_prompts, 0)
+        return out.to(hidden.dtype)
+
+    def run_backward(
+        self, start: int, end: int, hidden: torch.Tensor, grad_output: torch.Tensor,
+        mask: torch.Tensor | None, prompts: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+        """Gradients w.r.t. validated inputs, recomputing the forward of [start, end)."""
+        inputs, mask_2d, span_prompts = self._inputs(hidden, mask, prompts)
         with torch.enable_grad():
             inputs = inputs.detach().requires_grad_(True)
             wanted = [inputs]
-            span_prompts = None
-            if prompts is not None:
-                span_prompts = prompts.detach().to(self.device, self.dtype).requires_grad_(True)
+            if span_prompts is not None:
+                span_prompts = span_prompts.detach().requires_grad_(True)
                 wanted.append(span_prompts)
-            out = self.run_layers(ids, inputs, mask, None, span_prompts, 0)
+            out = self.run_layers(tuple(range(start, end)), inputs, mask_2d, None, span_prompts, 0)
             grads = torch.autograd.grad(
                 out, wanted, grad_output.to(self.device, out.dtype), allow_unused=True
             )
         grad_hidden = grads[0].to(hidden.dtype)
-        if prompts is None:
+        if prompts is None or span_prompts is None:
             return grad_hidden, None
         grad_prompts = grads[1] if grads[1] is not None else torch.zeros_like(span_prompts)
         return grad_hidden, grad_prompts.to(prompts.dtype)
@@ -192,9 +201,7 @@ class ModelSpan(torch.nn.Module):
         start_block: int | None = None,
         end_block: int | None = None,
     ) -> SpanSession:
-        from drift.models.session import SpanSession
-
-        start, end = check_range(start_block, end_block, self.start_block, self.end_block)
+        start, end = self.check_range(start_block, end_block)
         return SpanSession(self, start, end, batch_size=batch_size, max_length=max_length)
 
 

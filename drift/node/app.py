@@ -67,7 +67,7 @@ async def gossip(request: web.Request) -> web.Response:
 
 async def swarm_coverage(request: web.Request) -> web.Response:
     model = request.query.get("model") or None
-    return _json(coverage(request.app[NODE].live_records(), model))
+    return _json(coverage(request.app[NODE].live_records(), model).to_wire())
 
 
 async def index(request: web.Request) -> web.StreamResponse:

@@ -17,7 +17,7 @@ import aiohttp
 import orjson
 
 from drift.identity import Identity, verify_signature
-from drift.node.auth import auth_headers
+from drift.wire.auth import auth_headers
 from drift.wire.errors import BadRequest, Forbidden, PeerUnavailable, from_payload
 
 PROOF_PREFIX = b"drift-gossip-proof:"

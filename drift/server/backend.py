@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from drift.wire.checks import dtype_name
 from drift.wire.errors import BadRequest, ModelMismatch, SpanNotServed
-from drift.wire.frames import dtype_name
 from drift.wire.messages import BackwardRequest, BackwardResponse, ForwardRequest, ForwardResponse
 
 T = TypeVar("T")
@@ -74,34 +74,19 @@ class SpanBackend:
         grad, grad_prompts = await self.run(self._backward, req)
         return BackwardResponse(grad, grad_prompts)
 
+    # The requests were validated at the wire edge (ForwardRequest/BackwardRequest.from_wire)
+    # and by `check`: the span's trusted entries run them as they are.
     def _forward(self, req: ForwardRequest) -> torch.Tensor:
-        with torch.no_grad():
-            out = self.span.forward(
-                req.hidden_states.to(self.span.device),
-                start_block=req.start_block,
-                end_block=req.end_block,
-                attention_mask=_to(req.attention_mask, self.span.device),
-                prompts=_to(req.prompts, self.span.device),
-            )
-        return out.to("cpu", req.hidden_states.dtype)
+        out = self.span.run_forward(req.start_block, req.end_block, req.hidden_states,
+                                    req.attention_mask, req.prompts)  # fmt: skip
+        return out.to("cpu")
 
     def _backward(self, req: BackwardRequest) -> tuple[torch.Tensor, torch.Tensor | None]:
-        grad, grad_prompts = self.span.backward(
-            req.hidden_states.to(self.span.device),
-            req.grad_outputs.to(self.span.device),
-            start_block=req.start_block,
-            end_block=req.end_block,
-            attention_mask=_to(req.attention_mask, self.span.device),
-            prompts=_to(req.prompts, self.span.device),
-        )
-        grad = grad.detach().to("cpu", req.hidden_states.dtype)
-        if grad_prompts is not None and req.prompts is not None:
-            grad_prompts = grad_prompts.detach().to("cpu", req.prompts.dtype)
-        return grad, grad_prompts
+        grad, grad_prompts = self.span.run_backward(
+            req.start_block, req.end_block, req.hidden_states, req.grad_outputs,
+            req.attention_mask, req.prompts,
+        )  # fmt: skip
+        return grad.detach().to("cpu"), None if grad_prompts is None else grad_prompts.to("cpu")
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
-
-
-def _to(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
-    return None if t is None else t.to(device)

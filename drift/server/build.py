@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from drift.models.checkpoint import open_checkpoint
+from drift.models.checkpoint import Checkpoint, open_checkpoint
 from drift.models.devices import parse_dtype, pick_device
 from drift.models.span import ModelSpan
 from drift.server.backend import SpanBackend
@@ -23,8 +23,8 @@ from drift.server.state import BlockServer
 from drift.server.throughput import cached_throughput, throughput_key
 from drift.swarm.coverage import records_for_model
 from drift.swarm.selection import choose_span
+from drift.wire.checks import dtype_name
 from drift.wire.errors import BadRequest
-from drift.wire.frames import dtype_name
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +52,13 @@ def load_server(
     *,
     records: list[Any] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    ckpt: Checkpoint | None = None,
 ) -> BlockServer:
-    """Open the checkpoint, load this server's blocks, measure (or take) its throughput.
-
-    `progress(done, total)` is called after each block is loaded.
+    """Open the checkpoint (unless given), load this server's blocks, measure (or take) its
+    throughput. `progress(done, total)` is called after each block is loaded.
     """
-    ckpt = open_checkpoint(config.model, cache_dir=config.cache_dir, revision=config.revision)
+    if ckpt is None:
+        ckpt = open_checkpoint(config.model, cache_dir=config.cache_dir, revision=config.revision)
     num_model_blocks = int(ckpt.config.num_hidden_layers)
     same_model = records_for_model(list(records or []), ckpt.fingerprint)
     start, end = resolve_span(config, num_model_blocks, same_model)

@@ -17,10 +17,9 @@ from typing import Any, TypeVar
 import orjson
 from aiohttp import WSMsgType, web
 
-from drift import PROTOCOL_VERSION
 from drift.server.backend import SpanBackend
 from drift.server.state import BlockServer
-from drift.wire.errors import BadRequest, DriftError, InternalError, PayloadTooLarge
+from drift.wire.errors import BadRequest, DriftError, PayloadTooLarge
 from drift.wire.frames import MEDIA_TYPE, decode_frame, decompress, encode_frame
 from drift.wire.messages import (
     BackwardRequest,
@@ -30,6 +29,7 @@ from drift.wire.messages import (
     OpenSession,
     StepRequest,
 )
+from drift.wire.version import PROTOCOL_VERSION
 
 log = logging.getLogger(__name__)
 BLOCK_SERVER = web.AppKey("block_server", BlockServer)
@@ -51,19 +51,17 @@ def add_server_routes(app: web.Application, server: BlockServer) -> None:
 
 
 def _counted(server: BlockServer, route: str, handler: Handler) -> Handler:
-    """Count each request by status; DriftErrors become JSON error replies here."""
+    """Count each request by status; errors go on to the node's one error middleware."""
 
     async def wrapped(request: web.Request) -> web.StreamResponse:
         try:
             response = await handler(request)
-        except DriftError as exc:
-            response = web.json_response(exc.to_payload(), status=exc.status)
-        except web.HTTPException:
+        except (DriftError, web.HTTPException) as exc:
+            server.metrics.count(route, exc.status)
             raise
         except Exception:
-            log.exception("%s failed", route)
-            err = InternalError(f"{route} failed on the server; see its log")
-            response = web.json_response(err.to_payload(), status=err.status)
+            server.metrics.count(route, 500)
+            raise
         server.metrics.count(route, response.status)
         return response
 
@@ -71,7 +69,7 @@ def _counted(server: BlockServer, route: str, handler: Handler) -> Handler:
 
 
 async def _blocks(request: web.Request) -> web.Response:
-    return web.json_response(request.app[BLOCK_SERVER].describe())
+    return web.json_response(request.app[BLOCK_SERVER].describe().to_wire())
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -213,7 +211,10 @@ async def _on_step(server: BlockServer, ws: web.WebSocketResponse, sid: str | No
         params, tensors = decode_frame(data)
         if isinstance(params.get("step_id"), int):
             step_id = params["step_id"]
-        req = StepRequest.from_wire(params, tensors, hidden_size=server.backend.hidden_size)
+        # validated once, here, against the session's limits; the session and span trust it
+        limits = None if sid is None else server.sessions.get(sid).limits
+        req = StepRequest.from_wire(params, tensors, limits=limits,
+                                    hidden_size=server.backend.hidden_size)  # fmt: skip
         if sid is None:
             raise BadRequest("no session is open on this socket: send 'open' first")
         reply = await server.sessions.step(sid, req)
@@ -248,8 +249,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
-    server.sessions.close_all()
-    server.backend.close()
+    server.runtime.close()
 
 
 async def _close_sockets(app: web.Application) -> None:

@@ -1,8 +1,9 @@
 """Inference sessions: a KV cache per client over a (sub-)span, its budget, and its lifetime.
 
-`open` reserves cache room (or raises CacheFull), `step` runs one step on the compute
-thread after the checks that keep a bad step from touching the cache, `close` frees it;
-`reap` closes sessions idle past the timeout. Knows nothing about WebSockets.
+`open` reserves cache room (or raises CacheFull) and fixes the session's `StepLimits`;
+`step` runs a step the wire edge already validated against them (StepRequest.from_wire) on
+the compute thread, `close` frees it; `reap` closes sessions idle past the timeout.
+Knows nothing about WebSockets.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import torch
 
 from drift.server.backend import SpanBackend
 from drift.server.budget import CacheBudget
-from drift.wire.checks import ACTIVATION_DTYPES
-from drift.wire.errors import BadTensor, Busy, LengthExceeded, UnknownSession
+from drift.wire.checks import ACTIVATION_DTYPES, StepLimits
+from drift.wire.errors import Busy, LengthExceeded, UnknownSession
 from drift.wire.messages import OpenSession, SessionOpened, StepRequest, StepResponse
 
 log = logging.getLogger(__name__)
@@ -28,9 +29,9 @@ log = logging.getLogger(__name__)
 class Session:
     session_id: str
     request: OpenSession
+    limits: StepLimits  # what every step is validated against at the wire edge
     cache: Any  # drift.models.SpanSession, touched only on the compute thread
     reserved: int  # block-tokens held in the budget
-    position: int = 0  # tokens in the cache, as the server last saw it
     last_used: float = field(default_factory=time.monotonic)
     busy: bool = False  # a step is running: never reaped mid-step
 
@@ -61,7 +62,9 @@ class SessionManager:
         except BaseException:
             self.budget.release(reserved)
             raise
-        session = Session(secrets.token_hex(8), req, cache, reserved)
+        limits = StepLimits(self.backend.hidden_size, req.batch_size, req.max_length,
+                            n_blocks, ACTIVATION_DTYPES[req.dtype])  # fmt: skip
+        session = Session(secrets.token_hex(8), req, limits, cache, reserved)
         self.sessions[session.session_id] = session
         log.debug("opened session %s: %s", session.session_id, req)
         return session, SessionOpened(session.session_id, req.max_length)
@@ -82,54 +85,21 @@ class SessionManager:
         return session
 
     async def step(self, session_id: str, req: StepRequest) -> StepResponse:
+        """`req` was validated against this session's limits at the wire edge."""
         session = self.get(session_id)
-        self._check_step(session, req)
         session.busy = True
         try:
             out = await self.backend.run(self._step, session, req)
         finally:
             session.busy = False
             session.last_used = time.monotonic()
-        session.position = req.position + req.hidden_states.shape[1]
         return StepResponse(req.step_id, out)
 
-    def _check_step(self, session: Session, req: StepRequest) -> None:
-        opened = session.request
-        batch, new_tokens = req.hidden_states.shape[:2]
-        if batch != opened.batch_size:
-            raise BadTensor(
-                f"step has batch {batch}, the session was opened with {opened.batch_size}"
-            )
-        if req.hidden_states.dtype != ACTIVATION_DTYPES[opened.dtype]:
-            raise BadTensor(
-                f"step hidden_states are {req.hidden_states.dtype}, the session uses {opened.dtype}"
-            )
-        if req.position > session.position:
-            raise LengthExceeded(
-                f"position {req.position} skips ahead of the {session.position} cached tokens"
-            )
-        if req.position + new_tokens > opened.max_length:
-            raise LengthExceeded(
-                f"step would reach {req.position + new_tokens} tokens, past the session's "
-                f"max_length {opened.max_length}"
-            )
-        n_blocks = opened.end_block - opened.start_block
-        if req.prompts is not None and req.prompts.shape[0] != n_blocks:
-            raise BadTensor(f"prompts cover {req.prompts.shape[0]} blocks, the span has {n_blocks}")
-
-    def _step(self, session: Session, req: StepRequest) -> torch.Tensor:
-        device = self.backend.span.device
-        with torch.no_grad():
-            out = session.cache.step(
-                req.hidden_states.to(device),
-                position=req.position,
-                hypo_ids=None if req.hypo_ids is None else req.hypo_ids.to(device),
-                attention_mask=None
-                if req.attention_mask is None
-                else req.attention_mask.to(device),
-                prompts=None if req.prompts is None else req.prompts.to(device),
-            )
-        return out.to("cpu", req.hidden_states.dtype)
+    @staticmethod
+    def _step(session: Session, req: StepRequest) -> torch.Tensor:
+        out = session.cache.run(req.position, req.hidden_states, hypo_ids=req.hypo_ids,
+                                attention_mask=req.attention_mask, prompts=req.prompts)  # fmt: skip
+        return out.to("cpu")
 
     def close(self, session_id: str) -> None:
         session = self.sessions.pop(session_id, None)
@@ -154,7 +124,3 @@ class SessionManager:
     def close_all(self) -> None:
         for sid in list(self.sessions):
             self.close(sid)
-
-    @property
-    def cache_tokens_in_use(self) -> int:
-        return self.budget.used

@@ -14,11 +14,16 @@ from typing import Any
 
 from aiohttp import web
 
+from drift.models.checkpoint import Checkpoint
 from drift.server.backend import SpanBackend
 from drift.server.budget import CacheBudget
 from drift.server.config import ServerConfig
 from drift.server.metrics import ServerMetrics
+from drift.server.move import DRAIN_TIMEOUT_S, prepare_move
+from drift.server.runtime import SpanRuntime
 from drift.server.sessions import SessionManager
+from drift.swarm import BlocksInfo
+from drift.wire.errors import BadRequest, Busy
 
 log = logging.getLogger(__name__)
 
@@ -29,14 +34,9 @@ class BlockServer:
         announce: Callable[..., None] | None = None,
     ) -> None:  # fmt: skip
         self.config = config
-        self.backend = backend
+        self.runtime = SpanRuntime.build(backend, config)  # swapped whole by move_to
         self.throughput = throughput  # block-tokens per second of one block
         self.announce = announce  # MembershipNode.announce, or None outside a swarm
-        self.budget = CacheBudget(config.attn_cache_tokens, backend.n_blocks)
-        self.sessions = SessionManager(
-            backend, self.budget, max_length=config.inference_max_length,
-            timeout_s=config.session_timeout_s,
-        )  # fmt: skip
         self.metrics = ServerMetrics({
             "drift_active_sessions": ("Open inference sessions.", lambda: len(self.sessions.sessions)),
             "drift_cache_tokens_in_use": ("KV-cache block-tokens reserved.", lambda: self.budget.used),
@@ -46,45 +46,63 @@ class BlockServer:
         self.state = "online"
         self.moving_to: tuple[int, int] | None = None  # the span a running move_to loads
 
-    async def move_to(self, start_block: int, end_block: int, *, ckpt: Any = None,
+    @property
+    def backend(self) -> SpanBackend:
+        return self.runtime.backend
+
+    @property
+    def budget(self) -> CacheBudget:
+        return self.runtime.budget
+
+    @property
+    def sessions(self) -> SessionManager:
+        return self.runtime.sessions
+
+    async def move_to(self, start_block: int, end_block: int, *, ckpt: Checkpoint | None = None,
                       drain_timeout_s: float | None = None) -> None:  # fmt: skip
-        """Serve [start_block, end_block) instead: load it, drain old sessions (new ones get
-        a retryable `busy`), swap, re-announce (drift.server.move.move_span)."""
-        from drift.server.move import DRAIN_TIMEOUT_S, move_span
+        """Serve [start_block, end_block) instead: load it beside the old span, drain the old
+        sessions (new ones get a retryable `busy`), swap, re-announce (drift.server.move).
+        BadRequest for a span outside the model, Busy while another move runs."""
+        old = self.runtime
+        n = old.backend.num_model_blocks
+        if not 0 <= start_block < end_block <= n:
+            raise BadRequest(f"cannot move to blocks [{start_block}, {end_block}): the model "
+                             f"has {n} blocks")  # fmt: skip
+        if self.moving_to is not None:
+            raise Busy(f"already moving to blocks {list(self.moving_to)}")
+        self.moving_to = (start_block, end_block)
+        try:
+            timeout = DRAIN_TIMEOUT_S if drain_timeout_s is None else drain_timeout_s
+            new = await prepare_move(old, self.config, start_block, end_block, ckpt=ckpt,
+                                     drain_timeout_s=timeout)  # fmt: skip
+            self.runtime = new  # no await since the drain: requests see the old or the new span
+            old.sessions.close_all()
+            old.backend.executor.shutdown(wait=False)  # queued requests on the old span finish
+        finally:
+            self.moving_to = None
+        if self.announce is not None:
+            self.announce(**self.record_fields())
+        log.info("moved from blocks [%d, %d) to [%d, %d)", old.backend.start_block,
+                 old.backend.end_block, start_block, end_block)  # fmt: skip
 
-        timeout = DRAIN_TIMEOUT_S if drain_timeout_s is None else drain_timeout_s
-        await move_span(self, start_block, end_block, ckpt=ckpt, drain_timeout_s=timeout)
-
-    def describe(self) -> dict[str, Any]:
-        b = self.backend
-        return {
-            "model": b.model_name,
-            "model_fingerprint": b.fingerprint,
-            "num_blocks": b.num_model_blocks,
-            "start_block": b.start_block,
-            "end_block": b.end_block,
-            "hidden_size": b.hidden_size,
-            "dtype": b.dtype_name,
-            "quant": b.quant,
-            "throughput": self.throughput,
-            "cache_tokens_total": self.budget.tokens_per_block,
-            "cache_tokens_left": self.budget.tokens_left,
-            "cache_block_tokens_total": self.budget.total,
-            "cache_block_tokens_left": self.budget.left,
-            "active_sessions": len(self.sessions.sessions),
-            "max_batch_size": self.config.max_batch_size,
-            "inference_max_length": self.config.inference_max_length,
-            "max_body_bytes": self.config.max_body_bytes,
-            "state": self.state,
-        }
+    def describe(self) -> BlocksInfo:
+        """The /blocks document."""
+        b, budget = self.backend, self.budget
+        return BlocksInfo(
+            model=b.model_name, model_fingerprint=b.fingerprint, num_blocks=b.num_model_blocks,
+            start_block=b.start_block, end_block=b.end_block, hidden_size=b.hidden_size,
+            dtype=b.dtype_name, quant=b.quant, throughput=self.throughput,
+            cache_tokens_total=budget.tokens_per_block, cache_tokens_left=budget.tokens_left,
+            cache_block_tokens_total=budget.total, cache_block_tokens_left=budget.left,
+            active_sessions=len(self.sessions.sessions),
+            max_batch_size=self.config.max_batch_size,
+            inference_max_length=self.config.inference_max_length,
+            max_body_bytes=self.config.max_body_bytes, state=self.state,
+        )  # fmt: skip
 
     def record_fields(self) -> dict[str, Any]:
         """The membership-record fields this server announces."""
-        d = self.describe()
-        keys = ("model", "model_fingerprint", "num_blocks", "start_block", "end_block", "dtype",
-                "quant", "throughput", "cache_tokens_left", "cache_tokens_total",
-                "active_sessions", "state")  # fmt: skip
-        return {"role": "server", **{k: d[k] for k in keys}}
+        return self.describe().record_fields()
 
     async def housekeeping_loop(self, tick_s: float = 1.0) -> None:
         last: tuple[int, int] | None = None

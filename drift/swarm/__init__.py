@@ -1,9 +1,17 @@
-"""Swarm membership as data: signed records, the merged table, coverage, block selection.
+"""Swarm membership as data, on both sides of the wire: signed records, the merged table,
+coverage and /blocks documents, block selection, span notation, and the one reader of a
+swarm's table (reader.py, the only module here that does I/O).
 
-Pure functions and plain objects; no HTTP, no clock of its own (callers pass `now`).
+Everything else is pure functions and plain objects with no clock of its own (callers pass
+`now`).
 """
 
+from drift.swarm.blocks import BlocksInfo
 from drift.swarm.coverage import (
+    BlockCoverage,
+    Coverage,
+    ModelInfo,
+    all_coverages,
     block_peers,
     block_throughputs,
     coverage,
@@ -17,13 +25,18 @@ from drift.swarm.selection import (
     balance_ratio,
     choose_rebalance,
     choose_span,
-    should_rebalance,
 )
+from drift.swarm.spans import format_ranges, format_span, parse_span
 from drift.swarm.table import MembershipTable
 
 __all__ = [
+    "BlockCoverage",
+    "BlocksInfo",
+    "Coverage",
     "MembershipTable",
+    "ModelInfo",
     "PeerRecord",
+    "all_coverages",
     "balance_ratio",
     "block_peers",
     "block_throughputs",
@@ -32,10 +45,12 @@ __all__ = [
     "choose_span",
     "coverage",
     "default_fields",
+    "format_ranges",
+    "format_span",
     "missing_blocks",
     "models_in",
+    "parse_span",
     "records_for_model",
     "serving_records",
-    "should_rebalance",
     "sign_record",
 ]

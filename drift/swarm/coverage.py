@@ -1,15 +1,62 @@
 """Which blocks of a model the swarm serves: peers and summed throughput per block.
 
-Pure functions over lists of records; only `online` server records count. The JSON shape
-is the one of `GET /swarm/coverage` in docs/internals.md.
+Pure functions over lists of records; only `online` server records count. `coverage`
+returns the typed `Coverage` document whose `to_wire()` is the JSON of
+`GET /swarm/coverage` (docs/internals.md); nodes, `drift status` and `drift up` share it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from drift.swarm.record import PeerRecord
 from drift.wire.errors import NotFound
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """One model the swarm serves, by fingerprint."""
+
+    model: str | None  # display name
+    model_fingerprint: str
+    num_blocks: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"model": self.model, "model_fingerprint": self.model_fingerprint,
+                "num_blocks": self.num_blocks}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class BlockCoverage:
+    index: int
+    peers: tuple[str, ...]  # online peers serving this block
+    throughput: float  # their summed block-tokens/s
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"index": self.index, "peers": list(self.peers), "throughput": self.throughput}
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """Coverage of one model (or of none: `model` None when the swarm serves nothing)."""
+
+    models: tuple[ModelInfo, ...]  # every model served
+    model: str | None
+    model_fingerprint: str | None
+    num_blocks: int | None
+    blocks: tuple[BlockCoverage, ...]
+    missing: tuple[int, ...]  # blocks no online server covers
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "models": [m.to_wire() for m in self.models],
+            "model": self.model,
+            "model_fingerprint": self.model_fingerprint,
+            "num_blocks": self.num_blocks,
+            "blocks": [b.to_wire() for b in self.blocks],
+            "missing": list(self.missing),
+        }
 
 
 def serving_records(records: list[PeerRecord]) -> list[PeerRecord]:
@@ -24,19 +71,12 @@ def serving_records(records: list[PeerRecord]) -> list[PeerRecord]:
     ]
 
 
-def models_in(records: list[PeerRecord]) -> list[dict[str, Any]]:
-    """The distinct models served, by fingerprint: [{model, model_fingerprint, num_blocks}]."""
-    seen: dict[str, dict[str, Any]] = {}
+def models_in(records: list[PeerRecord]) -> list[ModelInfo]:
+    """The distinct models served, sorted by fingerprint."""
+    seen: dict[str, ModelInfo] = {}
     for r in serving_records(records):
-        assert r.model_fingerprint is not None
-        seen.setdefault(
-            r.model_fingerprint,
-            {
-                "model": r.model,
-                "model_fingerprint": r.model_fingerprint,
-                "num_blocks": r.num_blocks,
-            },
-        )
+        assert r.model_fingerprint is not None and r.num_blocks is not None
+        seen.setdefault(r.model_fingerprint, ModelInfo(r.model, r.model_fingerprint, r.num_blocks))
     return [seen[k] for k in sorted(seen)]
 
 
@@ -70,45 +110,36 @@ def missing_blocks(records: list[PeerRecord], num_blocks: int) -> list[int]:
     return [i for i, peers in enumerate(block_peers(records, num_blocks)) if not peers]
 
 
-def coverage(records: list[PeerRecord], model: str | None = None) -> dict[str, Any]:
+def coverage(records: list[PeerRecord], model: str | None = None) -> Coverage:
     """Coverage of one model (by fingerprint or name; the only one if `model` is None)."""
     models = models_in(records)
     if model is None:
         if len(models) != 1:
             if models:
-                names = [m["model_fingerprint"] for m in models]
+                names = [m.model_fingerprint for m in models]
                 raise NotFound(
                     f"the swarm serves {len(models)} models; pick one with ?model= (one of {names})"
                 )
-            return {
-                "models": [],
-                "model": None,
-                "model_fingerprint": None,
-                "num_blocks": None,
-                "blocks": [],
-                "missing": [],
-            }
-        model = models[0]["model_fingerprint"]
-    matching = [m for m in models if model in (m["model_fingerprint"], m["model"])]
+            return Coverage((), None, None, None, (), ())
+        model = models[0].model_fingerprint
+    matching = [m for m in models if model in (m.model_fingerprint, m.model)]
     if not matching:
-        known = [f"{m['model']} ({m['model_fingerprint']})" for m in models] or ["none"]
+        known = [f"{m.model} ({m.model_fingerprint})" for m in models] or ["none"]
         raise NotFound(f"no server in the swarm serves model {model!r}; served: {known}")
-    if len({m["model_fingerprint"] for m in matching}) > 1:
+    if len({m.model_fingerprint for m in matching}) > 1:
         raise NotFound(f"model name {model!r} is ambiguous; ask by fingerprint")
     info = matching[0]
-    num_blocks = int(info["num_blocks"])
-    chosen = [
-        r for r in serving_records(records) if r.model_fingerprint == info["model_fingerprint"]
-    ]
-    peers = block_peers(chosen, num_blocks)
-    through = block_throughputs(chosen, num_blocks)
-    return {
-        "models": models,
-        "model": info["model"],
-        "model_fingerprint": info["model_fingerprint"],
-        "num_blocks": num_blocks,
-        "blocks": [
-            {"index": i, "peers": peers[i], "throughput": through[i]} for i in range(num_blocks)
-        ],
-        "missing": [i for i in range(num_blocks) if not peers[i]],
-    }
+    chosen = [r for r in serving_records(records) if r.model_fingerprint == info.model_fingerprint]
+    peers = block_peers(chosen, info.num_blocks)
+    through = block_throughputs(chosen, info.num_blocks)
+    blocks = tuple(BlockCoverage(i, tuple(peers[i]), through[i]) for i in range(info.num_blocks))
+    missing = tuple(i for i in range(info.num_blocks) if not peers[i])
+    return Coverage(tuple(models), info.model, info.model_fingerprint, info.num_blocks, blocks,
+                    missing)  # fmt: skip
+
+
+def all_coverages(records: list[PeerRecord], model: str | None = None) -> list[Coverage]:
+    """Coverage of `model`, or of every model served (none: an empty list)."""
+    if model is not None:
+        return [coverage(records, model)]
+    return [coverage(records, m.model_fingerprint) for m in models_in(records)]

@@ -79,18 +79,3 @@ def choose_rebalance(
         else (sum(1 for t in moved if t <= 0) < sum(1 for t in current if t <= 0))
     )
     return (new_start, new_start + end - start) if improves else None
-
-
-def should_rebalance(
-    records: list[PeerRecord],
-    peer_id: str,
-    num_blocks: int,
-    *,
-    min_ratio: float = 0.5,
-    min_gain: float = 1.2,
-) -> bool:
-    """True when `choose_rebalance` would move `peer_id`."""
-    return (
-        choose_rebalance(records, peer_id, num_blocks, min_ratio=min_ratio, min_gain=min_gain)
-        is not None
-    )

@@ -1,23 +1,28 @@
-"""Field checks for wire messages: one place that turns untrusted values into typed ones.
+"""Checks of untrusted values: the one place that turns them into typed, trusted ones.
 
-Each check raises BadRequest / BadTensor / VersionMismatch naming the field and the problem.
-Knows nothing about which message uses which field (messages.py).
+Field checks (params of a message), tensor checks, and the two request-level validations
+every path shares: `check_pass` (hidden states with mask, deep prompts, beam reorder) and
+`check_step_limits` (a step against its session's promises). The wire edge runs them on
+what arrives; drift.models runs the same ones for direct callers; nothing runs them twice.
+Each raises BadRequest / BadTensor / LengthExceeded / VersionMismatch naming the problem.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from drift import PROTOCOL_VERSION
-from drift.wire.errors import BadRequest, BadTensor, VersionMismatch
+from drift.wire.errors import BadRequest, BadTensor, LengthExceeded, VersionMismatch
+from drift.wire.version import PROTOCOL_VERSION
 
 ACTIVATION_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
 }
+FLOAT_DTYPES = tuple(ACTIVATION_DTYPES.values())
 INDEX_DTYPES = (torch.int64, torch.int32)
 MASK_DTYPES = (torch.int64, torch.int32, torch.uint8, torch.bool)
 
@@ -67,16 +72,18 @@ def no_extra_tensors(tensors: dict[str, Any], allowed: tuple[str, ...]) -> None:
         raise BadTensor(f"unexpected tensors {extra}; this message takes {list(allowed)}")
 
 
-def activation(
-    tensors: dict[str, torch.Tensor], name: str, *, rank: int, hidden_size: int | None
-) -> torch.Tensor:
+# --- one tensor -------------------------------------------------------------------------
+def check_activation(name: str, tensor: Any, *, rank: int, hidden_size: int | None) -> torch.Tensor:
     """A floating tensor of the given rank whose last dim is the hidden size, all dims >= 1."""
-    tensor = _present(tensors, name)
+    if not isinstance(tensor, torch.Tensor):
+        raise BadTensor(f"{name} must be a tensor, got {type(tensor).__name__}")
     if tensor.dtype not in ACTIVATION_DTYPES.values():
+        raise BadTensor(f"{name} has dtype {tensor.dtype}; activations travel as floating "
+                        f"point: {list(ACTIVATION_DTYPES)}")  # fmt: skip
+    if tensor.dim() != rank:
         raise BadTensor(
-            f"{name} has dtype {tensor.dtype}; activations travel as {list(ACTIVATION_DTYPES)}"
+            f"{name} must have rank {rank}, got shape {list(tensor.shape)} (rank {tensor.dim()})"
         )
-    _rank(name, tensor, rank)
     if any(dim == 0 for dim in tensor.shape[:-1]):
         raise BadTensor(f"{name} has an empty dimension: shape {list(tensor.shape)}")
     if hidden_size is not None and tensor.shape[-1] != hidden_size:
@@ -84,61 +91,112 @@ def activation(
     return tensor
 
 
-def optional_activation(
-    tensors: dict[str, torch.Tensor], name: str, *, rank: int, hidden_size: int | None
-) -> torch.Tensor | None:
-    if name not in tensors:
-        return None
-    return activation(tensors, name, rank=rank, hidden_size=hidden_size)
-
-
-def mask(
-    tensors: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]
-) -> torch.Tensor | None:
-    """An optional 0/1 mask of exactly `shape`, returned as int64."""
-    if name not in tensors:
-        return None
-    tensor = tensors[name]
-    if tensor.dtype not in MASK_DTYPES:
-        raise BadTensor(f"{name} has dtype {tensor.dtype}; masks are integer or bool")
+def check_mask(name: str, tensor: Any, shape: tuple[int, ...]) -> torch.Tensor:
+    """A 0/1 mask of exactly `shape` (integer, bool, or floating holding 0 and 1) as int64."""
+    if not isinstance(tensor, torch.Tensor) or tensor.dtype not in (*MASK_DTYPES,
+                                                                    *FLOAT_DTYPES):  # fmt: skip
+        kind = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+        raise BadTensor(f"{name} has dtype {kind}; masks are integer or bool")
     if tuple(tensor.shape) != shape:
         raise BadTensor(f"{name} has shape {list(tensor.shape)}, expected {list(shape)}")
-    tensor = tensor.to(torch.int64)
     if bool(((tensor != 0) & (tensor != 1)).any()):
         raise BadTensor(f"{name} must hold only 0 and 1")
-    return tensor
+    return tensor.to(torch.int64)
 
 
-def indices(tensors: dict[str, torch.Tensor], name: str, size: int) -> torch.Tensor | None:
-    """An optional [size] integer tensor with values in [0, size), returned as int64."""
-    if name not in tensors:
-        return None
-    tensor = tensors[name]
-    if tensor.dtype not in INDEX_DTYPES:
-        raise BadTensor(f"{name} has dtype {tensor.dtype}; it must be int64 or int32")
+def check_indices(name: str, tensor: Any, size: int) -> torch.Tensor:
+    """A [size] integer tensor with values in [0, size), as int64."""
+    if not isinstance(tensor, torch.Tensor) or tensor.dtype not in INDEX_DTYPES:
+        kind = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+        raise BadTensor(f"{name} has dtype {kind}; it must be int64 or int32")
     if tuple(tensor.shape) != (size,):
         raise BadTensor(f"{name} has shape {list(tensor.shape)}, expected [{size}]")
-    tensor = tensor.to(torch.int64)
     if bool(((tensor < 0) | (tensor >= size)).any()):
         raise BadTensor(f"{name} values must lie in [0, {size})")
-    return tensor
+    return tensor.to(torch.int64)
 
 
-def same_shape(name: str, tensor: torch.Tensor, like_name: str, like: torch.Tensor) -> None:
-    if tensor.shape != like.shape:
+def check_grad_outputs(grad: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """The gradient w.r.t. a pass's output: an activation of the hidden states' shape."""
+    grad = check_activation("grad_outputs", grad, rank=3, hidden_size=hidden.shape[-1])
+    if grad.shape != hidden.shape:
         raise BadTensor(
-            f"{name} has shape {list(tensor.shape)} but {like_name} has {list(like.shape)}"
+            f"grad_outputs has shape {list(grad.shape)} but hidden_states has {list(hidden.shape)}"
         )
+    return grad
 
 
-def check_prompts(prompts: torch.Tensor | None, n_blocks: int | None, batch: int) -> None:
-    """Deep prompts are [n_blocks, B, P, H]; n_blocks is checked when the span is known."""
+def check_prompts(
+    prompts: Any, n_blocks: int | None, batch: int, hidden_size: int | None
+) -> torch.Tensor | None:
+    """Deep prompts are [n_blocks, B or 1, P, H]; n_blocks is checked when the span is known."""
     if prompts is None:
-        return
+        return None
+    prompts = check_activation("prompts", prompts, rank=4, hidden_size=hidden_size)
     if n_blocks is not None and prompts.shape[0] != n_blocks:
         raise BadTensor(f"prompts cover {prompts.shape[0]} blocks, the span has {n_blocks}")
     if prompts.shape[1] not in (1, batch):
         raise BadTensor(f"prompts have batch {prompts.shape[1]}, hidden_states have {batch}")
+    return prompts
+
+
+# --- whole requests: the one validation of each kind of input --------------------------
+@dataclass(frozen=True)
+class PassInputs:
+    """A validated stateless pass (forward / backward, or one step of a session)."""
+
+    hidden: torch.Tensor  # [B, T, H]
+    attention_mask: torch.Tensor | None  # [B, T] int64 0/1
+    prompts: torch.Tensor | None  # [n_blocks, B or 1, P, H]
+    hypo_ids: torch.Tensor | None = None  # [B] int64 (steps only)
+
+
+def check_pass(
+    hidden: Any, attention_mask: Any, prompts: Any, *, hidden_size: int | None,
+    n_blocks: int | None, hypo_ids: Any = None,
+) -> PassInputs:  # fmt: skip
+    """Hidden states [B, T, H] with their optional mask, deep prompts and beam reorder."""
+    hidden = check_activation("hidden_states", hidden, rank=3, hidden_size=hidden_size)
+    batch, tokens = hidden.shape[:2]
+    return PassInputs(
+        hidden,
+        None
+        if attention_mask is None
+        else check_mask("attention_mask", attention_mask, (batch, tokens)),  # fmt: skip
+        check_prompts(prompts, n_blocks, batch, hidden_size),
+        None if hypo_ids is None else check_indices("hypo_ids", hypo_ids, batch),
+    )
+
+
+@dataclass(frozen=True)
+class StepLimits:
+    """What an inference session promised when it opened; each step is checked against it."""
+
+    hidden_size: int
+    batch_size: int
+    max_length: int  # tokens, prompt included
+    n_blocks: int  # blocks of the session's (sub-)span
+    dtype: torch.dtype | None = None  # the session's activation dtype; None: any
+
+
+def check_step_limits(inputs: PassInputs, position: int, limits: StepLimits) -> None:
+    """A structurally valid step against its session's promises (stateless: not the cache)."""
+    batch, tokens = inputs.hidden.shape[:2]
+    if batch != limits.batch_size:
+        raise BadTensor(f"session batch size is {limits.batch_size}, got {batch}")
+    if limits.dtype is not None and inputs.hidden.dtype != limits.dtype:
+        raise BadTensor(f"step hidden_states are {inputs.hidden.dtype}, the session uses "
+                        f"{dtype_name(limits.dtype)}")  # fmt: skip
+    if position + tokens > limits.max_length:
+        raise LengthExceeded(
+            f"step at position {position} with {tokens} tokens would reach {position + tokens}, "
+            f"past the session's max_length {limits.max_length}"
+        )
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """'float32' for torch.float32: the names messages carry."""
+    return str(dtype).removeprefix("torch.")
 
 
 def from_nested(obj: dict[str, Any], name: str, *, required: bool) -> torch.Tensor | None:
@@ -154,14 +212,8 @@ def from_nested(obj: dict[str, Any], name: str, *, required: bool) -> torch.Tens
         raise BadTensor(f"{name} is not a rectangular array of numbers: {exc}") from exc
 
 
-def _present(tensors: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+def tensor(tensors: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    """A required named tensor of a frame."""
     if name not in tensors:
         raise BadTensor(f"missing tensor {name!r}")
     return tensors[name]
-
-
-def _rank(name: str, tensor: torch.Tensor, rank: int) -> None:
-    if tensor.dim() != rank:
-        raise BadTensor(
-            f"{name} must have rank {rank}, got shape {list(tensor.shape)} (rank {tensor.dim()})"
-        )

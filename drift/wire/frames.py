@@ -225,8 +225,3 @@ def decompress(body: bytes, *, max_bytes: int) -> bytes:
     if len(out) > max_bytes:
         raise PayloadTooLarge(f"decompressed body exceeds the limit of {max_bytes} bytes")
     return out
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """'float32' for torch.float32: the names messages carry."""
-    return str(dtype).removeprefix("torch.")

@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from drift import PROTOCOL_VERSION
 from drift.wire import checks as c
 from drift.wire.errors import BadRequest
 from drift.wire.frames import decode_frame, encode_frame
+from drift.wire.version import PROTOCOL_VERSION
 
 Tensors = dict[str, torch.Tensor]
 
@@ -53,16 +53,16 @@ class ForwardRequest:
         c.check_version(params)
         c.no_extra_tensors(tensors, cls.TENSORS)
         start, end = c.get_span(params)
-        hidden = c.activation(tensors, "hidden_states", rank=3, hidden_size=hidden_size)
-        prompts = c.optional_activation(tensors, "prompts", rank=4, hidden_size=hidden_size)
-        c.check_prompts(prompts, end - start, hidden.shape[0])
+        inputs = c.check_pass(c.tensor(tensors, "hidden_states"), tensors.get("attention_mask"),
+                              tensors.get("prompts"), hidden_size=hidden_size,
+                              n_blocks=end - start)  # fmt: skip
         return cls(
             model=c.get_str(params, "model"),
             start_block=start,
             end_block=end,
-            hidden_states=hidden,
-            attention_mask=c.mask(tensors, "attention_mask", tuple(hidden.shape[:2])),
-            prompts=prompts,
+            hidden_states=inputs.hidden,
+            attention_mask=inputs.attention_mask,
+            prompts=inputs.prompts,
         )
 
     def to_wire(self) -> tuple[dict[str, Any], Tensors]:
@@ -105,8 +105,7 @@ class BackwardRequest:
             hidden_size=hidden_size,
         )  # fmt: skip
         c.no_extra_tensors(tensors, cls.TENSORS)
-        grad = c.activation(tensors, "grad_outputs", rank=3, hidden_size=hidden_size)
-        c.same_shape("grad_outputs", grad, "hidden_states", fwd.hidden_states)
+        grad = c.check_grad_outputs(c.tensor(tensors, "grad_outputs"), fwd.hidden_states)
         return cls(
             model=fwd.model,
             start_block=fwd.start_block,
@@ -145,7 +144,8 @@ class ForwardResponse:
     def from_wire(cls, params: dict[str, Any], tensors: Tensors) -> ForwardResponse:
         c.check_version(params)
         c.no_extra_tensors(tensors, ("hidden_states",))
-        return cls(c.activation(tensors, "hidden_states", rank=3, hidden_size=None))
+        return cls(c.check_activation("hidden_states", c.tensor(tensors, "hidden_states"), rank=3,
+                                      hidden_size=None))  # fmt: skip
 
     def to_wire(self) -> tuple[dict[str, Any], Tensors]:
         return _head("forward_result"), {"hidden_states": self.hidden_states}
@@ -163,8 +163,11 @@ class BackwardResponse:
     def from_wire(cls, params: dict[str, Any], tensors: Tensors) -> BackwardResponse:
         c.check_version(params)
         c.no_extra_tensors(tensors, ("grad_inputs", "grad_prompts"))
-        grad = c.activation(tensors, "grad_inputs", rank=3, hidden_size=None)
-        prompts = c.optional_activation(tensors, "grad_prompts", rank=4, hidden_size=None)
+        grad = c.check_activation("grad_inputs", c.tensor(tensors, "grad_inputs"), rank=3,
+                                  hidden_size=None)  # fmt: skip
+        prompts = tensors.get("grad_prompts")
+        if prompts is not None:
+            prompts = c.check_activation("grad_prompts", prompts, rank=4, hidden_size=None)
         return cls(grad, prompts)
 
     def to_wire(self) -> tuple[dict[str, Any], Tensors]:
@@ -252,22 +255,31 @@ class StepRequest:
 
     @classmethod
     def from_wire(
-        cls, params: dict[str, Any], tensors: Tensors, *, hidden_size: int | None = None
-    ) -> StepRequest:
+        cls, params: dict[str, Any], tensors: Tensors, *, hidden_size: int | None = None,
+        limits: c.StepLimits | None = None,
+    ) -> StepRequest:  # fmt: skip
+        """Validated once: structure, and the session's promises when `limits` are given
+        (the server passes its session's), so the session and the span trust it."""
         c.check_version(params)
         if params.get("type") != "step":
             raise BadRequest(f"expected a 'step' frame, got type {params.get('type')!r}")
         c.no_extra_tensors(tensors, cls.TENSORS)
-        hidden = c.activation(tensors, "hidden_states", rank=3, hidden_size=hidden_size)
-        prompts = c.optional_activation(tensors, "prompts", rank=4, hidden_size=hidden_size)
-        c.check_prompts(prompts, None, hidden.shape[0])
+        position = c.get_int(params, "position")
+        inputs = c.check_pass(
+            c.tensor(tensors, "hidden_states"), tensors.get("attention_mask"),
+            tensors.get("prompts"), hypo_ids=tensors.get("hypo_ids"),
+            hidden_size=limits.hidden_size if limits is not None else hidden_size,
+            n_blocks=limits.n_blocks if limits is not None else None,
+        )  # fmt: skip
+        if limits is not None:
+            c.check_step_limits(inputs, position, limits)
         return cls(
             step_id=c.get_int(params, "step_id"),
-            position=c.get_int(params, "position"),
-            hidden_states=hidden,
-            hypo_ids=c.indices(tensors, "hypo_ids", hidden.shape[0]),
-            attention_mask=c.mask(tensors, "attention_mask", tuple(hidden.shape[:2])),
-            prompts=prompts,
+            position=position,
+            hidden_states=inputs.hidden,
+            hypo_ids=inputs.hypo_ids,
+            attention_mask=inputs.attention_mask,
+            prompts=inputs.prompts,
         )
 
     def to_wire(self) -> tuple[dict[str, Any], Tensors]:
@@ -289,7 +301,8 @@ class StepResponse:
     def from_wire(cls, params: dict[str, Any], tensors: Tensors) -> StepResponse:
         c.check_version(params)
         c.no_extra_tensors(tensors, ("hidden_states",))
-        hidden = c.activation(tensors, "hidden_states", rank=3, hidden_size=None)
+        hidden = c.check_activation("hidden_states", c.tensor(tensors, "hidden_states"), rank=3,
+                                    hidden_size=None)  # fmt: skip
         return cls(c.get_int(params, "step_id"), hidden)
 
     def to_wire(self) -> tuple[dict[str, Any], Tensors]:

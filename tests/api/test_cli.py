@@ -58,7 +58,8 @@ def test_cli_serves_the_readme_curl_examples(model_dir: Path) -> None:
             '"max_tokens": 8, "temperature": 0}'))  # fmt: skip
         assert chat["object"] == "chat.completion" and chat["usage"]["completion_tokens"] >= 1
         stream = _curl("-N", f"{url}/v1/completions", *auth, *json_h, "-d",
-            '{"model": "tiny", "prompt": "Once upon", "max_tokens": 8, "stream": true}')  # fmt: skip
+            '{"model": "tiny", "prompt": "Once upon", "max_tokens": 8, "stream": true, '
+            '"temperature": 0}')  # fmt: skip
         events = [e for e in stream.split("\n\n") if e]
         assert events[-1] == "data: [DONE]" and len(events) >= 3
         assert all(json.loads(e[6:])["object"] == "text_completion" for e in events[:-1])

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from drift.cli.status import block_ranges, format_coverage, format_members
+from drift.cli.status import format_coverage, format_members
+from drift.swarm import BlockCoverage, Coverage
+from drift.swarm import format_ranges as block_ranges
+from tests.swarm.swarm_helpers import make_record
 
 
 def test_block_ranges():
@@ -13,16 +16,10 @@ def test_block_ranges():
 
 def test_format_coverage_groups_runs_and_names_missing_blocks():
     a, b = "12D3KooWAAAAAAAAAAAAAAAAAAAAAAAA", "12D3KooWBBBBBBBBBBBBBBBBBBBBBBBB"
-    blocks = [{"index": i, "peers": [a], "throughput": 2.0} for i in range(3)]
-    blocks += [{"index": 3, "peers": [a, b], "throughput": 4.0}]
-    blocks += [{"index": i, "peers": [], "throughput": 0.0} for i in (4, 5)]
-    cov = {
-        "model": "tiny",
-        "model_fingerprint": "ab" * 32,
-        "num_blocks": 6,
-        "blocks": blocks,
-        "missing": [4, 5],
-    }
+    blocks = [BlockCoverage(i, (a,), 2.0) for i in range(3)]
+    blocks += [BlockCoverage(3, (a, b), 4.0)]
+    blocks += [BlockCoverage(i, (), 0.0) for i in (4, 5)]
+    cov = Coverage((), "tiny", "ab" * 32, 6, tuple(blocks), (4, 5))
     lines = format_coverage(cov)
     assert lines[0].startswith("model tiny (6 blocks")
     assert [ln.split()[0:2] for ln in lines[2:5]] == [["[0,", "3)"], ["[3,", "4)"], ["[4,", "6)"]]
@@ -31,18 +28,7 @@ def test_format_coverage_groups_runs_and_names_missing_blocks():
 
 
 def test_format_members_marks_expired():
-    rec = {
-        "peer_id": "12D3KooWX",
-        "addrs": ["http://127.0.0.1:1"],
-        "role": "server",
-        "start_block": 0,
-        "end_block": 2,
-        "state": "online",
-        "throughput": 1.5,
-        "cache_tokens_left": 10,
-        "cache_tokens_total": 20,
-        "active_sessions": 0,
-        "expires_at": 100.0,
-    }
+    rec = make_record(span=(0, 2), throughput=1.5, cache_tokens_left=10,
+                      cache_tokens_total=20, expires_at=100.0)  # fmt: skip
     header, row = format_members([rec], now=200.0)
     assert "peer" in header and "[0, 2)" in row and "online (expired)" in row and "10/20" in row

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from drift.cli.server import parse_block_indices
 from drift.server.build import warn_dtype_mismatch, warn_revision_mismatch
+from drift.swarm import parse_span as parse_block_indices
 from drift.wire.errors import BadRequest
 
 

@@ -10,7 +10,6 @@ from drift.swarm import (
     choose_rebalance,
     choose_span,
     coverage,
-    should_rebalance,
 )
 from drift.wire.errors import BadRequest, NotFound
 from tests.swarm.swarm_helpers import make_record
@@ -21,22 +20,22 @@ def test_coverage_sums_throughput_and_lists_missing() -> None:
     b = make_record(span=(2, 6), throughput=3.0)
     off = make_record(span=(6, 8), throughput=9.0, state="offline")
     dht = make_record()
-    cov = coverage([a, b, off, dht])
+    cov = coverage([a, b, off, dht]).to_wire()
     assert cov["model_fingerprint"] == "f00d" and cov["num_blocks"] == 8
     assert [blk["throughput"] for blk in cov["blocks"]] == [2, 2, 5, 5, 3, 3, 0, 0]
     assert set(cov["blocks"][2]["peers"]) == {a.peer_id, b.peer_id}
     assert cov["missing"] == [6, 7]
-    assert coverage([a], "tiny")["missing"] == [4, 5, 6, 7]
+    assert coverage([a], "tiny").to_wire()["missing"] == [4, 5, 6, 7]
 
 
 def test_coverage_empty_unknown_and_ambiguous() -> None:
-    assert coverage([make_record()])["model"] is None
+    assert coverage([make_record()]).to_wire()["model"] is None
     with pytest.raises(NotFound, match="no server"):
         coverage([make_record(span=(0, 1))], "other")
     two = [make_record(span=(0, 1)), make_record(span=(0, 1), fingerprint="beef")]
     with pytest.raises(NotFound, match="2 models"):
         coverage(two)
-    assert coverage(two, "beef")["blocks"][0]["peers"] == [two[1].peer_id]
+    assert coverage(two, "beef").to_wire()["blocks"][0]["peers"] == [two[1].peer_id]
 
 
 def test_choose_span_missing_first_then_weakest() -> None:
@@ -60,14 +59,14 @@ def test_rebalance_moves_only_when_unbalanced_and_gap_free() -> None:
     recs = [mover, stay, slow]
     assert balance_ratio(block_throughputs(recs, 8)) == pytest.approx(0.05)
     assert choose_rebalance(recs, mover.peer_id, 8) == (4, 8)
-    assert should_rebalance(recs, mover.peer_id, 8)
+    assert choose_rebalance(recs, mover.peer_id, 8) is not None
     # the only server of blocks 4-7 must never move (it would leave a gap)
     assert choose_rebalance(recs, slow.peer_id, 8) is None
     # without the second server, moving the first would uncover 0-3
     assert choose_rebalance([mover, slow], mover.peer_id, 8) is None
     # balanced enough: nobody moves
     even = [mover, stay, make_record(span=(4, 8), throughput=15.0)]
-    assert not should_rebalance(even, mover.peer_id, 8)
+    assert choose_rebalance(even, mover.peer_id, 8) is None
 
 
 def test_rebalance_covers_missing_blocks_without_gaps() -> None:

@@ -1,0 +1,158 @@
+"""Reading a swarm's membership table from its members: the one reader of the SDK and the CLI.
+
+`fetch_table` GETs `/swarm` from one node and checks it is the peer expected;
+`read_swarm` asks each initial peer in turn and keeps what verifies (the same
+`MembershipTable.merge` nodes use: signature, seq, expiry) as a `SwarmSnapshot`.
+Requests carry the swarm key's HMAC (drift.wire.auth), never the key itself.
+The only module of drift/swarm that does I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+
+from drift.identity import JoinToken
+from drift.swarm.coverage import Coverage, all_coverages
+from drift.swarm.record import PeerRecord
+from drift.swarm.table import MembershipTable
+from drift.wire.auth import auth_headers
+from drift.wire.errors import (
+    BadRequest,
+    DriftError,
+    Forbidden,
+    PeerUnavailable,
+    Unauthorized,
+    from_payload,
+)
+
+SWARM_PATH = "/swarm"
+MAX_TABLE_BYTES = 64 << 20  # a /swarm reply larger than this is refused
+
+
+@dataclass(frozen=True)
+class TableReply:
+    """One node's answer to GET /swarm."""
+
+    peer_id: str  # the answering node (checked against the one expected)
+    records: list[Any]  # raw records, not yet verified
+    seconds: float  # round trip
+
+
+async def fetch_table(
+    http: aiohttp.ClientSession, url: str, *, expect_peer_id: str | None,
+    swarm_key: str | None, timeout_s: float, connect_timeout_s: float | None = None,
+) -> TableReply:  # fmt: skip
+    """GET `url`/swarm; PeerUnavailable for network faults or the wrong peer, Unauthorized /
+    Forbidden (with what to do) when a private swarm refuses the key."""
+    started = time.monotonic()
+    timeout = aiohttp.ClientTimeout(total=timeout_s, connect=connect_timeout_s)
+    try:
+        async with http.get(url.rstrip("/") + SWARM_PATH, timeout=timeout,
+                            headers=auth_headers(swarm_key, "GET", SWARM_PATH)) as resp:  # fmt: skip
+            body = await read_limited(resp, MAX_TABLE_BYTES)
+            status = resp.status
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        raise PeerUnavailable(f"cannot read {url}{SWARM_PATH}: {exc!r}") from exc
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        data = None
+    if status in (401, 403):
+        raise _auth_error(url, status, data, swarm_key)
+    if status != 200:
+        raise from_payload(data, status)
+    if not isinstance(data, dict) or not isinstance(data.get("records"), list):
+        raise PeerUnavailable(f"{url}{SWARM_PATH} answered without a records list")
+    peer_id = data.get("peer_id")
+    if expect_peer_id is not None and peer_id != expect_peer_id:
+        raise PeerUnavailable(f"the node at {url} is {peer_id!r}, not {expect_peer_id!r}")
+    return TableReply(str(peer_id), data["records"], time.monotonic() - started)
+
+
+async def read_limited(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The reply body, refused (PeerUnavailable) past `limit` bytes before it is all read."""
+    chunks, size = [], 0
+    async for chunk in resp.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise PeerUnavailable(f"{resp.url} answered more than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _auth_error(url: str, status: int, data: Any, swarm_key: str | None) -> DriftError:
+    """Unauthorized / Forbidden naming the node, its words and the fix."""
+    said = from_payload(data, status).message
+    if swarm_key:
+        return Forbidden(f"{url} refused: {said} (the swarm_key given does not match this "
+                         "swarm's key)")  # fmt: skip
+    return Unauthorized(f"{url} refused: {said} (this swarm is private: pass swarm_key=... or "
+                        "--swarm_key, or a join token with ?key=...)")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SwarmSnapshot:
+    """The verified table one member gave: newest unexpired record of every peer."""
+
+    url: str  # where it was read
+    peer_id: str  # who answered
+    records: tuple[PeerRecord, ...]  # verified, online and offline
+    rejected: int  # records that did not verify (forged, stale, expired, malformed)
+
+    def live(self) -> list[PeerRecord]:
+        return [r for r in self.records if r.state != "offline"]
+
+    def coverages(self, model: str | None = None) -> list[Coverage]:
+        """Coverage of `model`, or of every model served."""
+        return all_coverages(list(self.records), model)
+
+
+def snapshot(url: str, reply: TableReply, now: float) -> SwarmSnapshot:
+    table = MembershipTable()
+    table.merge_wire(reply.records, now)
+    return SwarmSnapshot(url, reply.peer_id, tuple(table.records()), sum(table.rejected.values()))
+
+
+def swarm_key_of(tokens: Sequence[JoinToken], swarm_key: str | None) -> str | None:
+    """The key to prove: the one given, else the first token's ?key=."""
+    return swarm_key or next((t.swarm_key for t in tokens if t.swarm_key), None)
+
+
+async def read_swarm(
+    tokens: Sequence[JoinToken], *, swarm_key: str | None = None, timeout_s: float = 10.0,
+    http: aiohttp.ClientSession | None = None,
+) -> SwarmSnapshot:  # fmt: skip
+    """Ask each initial peer in turn; the first that answers gives the snapshot."""
+    if not tokens:
+        raise BadRequest("no initial peers given; pass a join token drift://...")
+    own = http is None
+    session = http or aiohttp.ClientSession()
+    errors: list[str] = []
+    try:
+        for token in tokens:
+            key = swarm_key or token.swarm_key or swarm_key_of(tokens, None)
+            try:
+                reply = await fetch_table(session, token.url, expect_peer_id=token.peer_id,
+                                          swarm_key=key, timeout_s=timeout_s)  # fmt: skip
+            except (Unauthorized, Forbidden):
+                raise
+            except DriftError as exc:
+                errors.append(f"{token.to_drift(with_key=False)}: {exc.message}")
+                continue
+            return snapshot(token.url, reply, time.time())
+    finally:
+        if own:
+            await session.close()
+    raise PeerUnavailable("no initial peer answered: " + "; ".join(errors))
+
+
+def read_swarm_blocking(tokens: Sequence[JoinToken], **kwargs: Any) -> SwarmSnapshot:
+    """`read_swarm` for synchronous commands (runs its own event loop)."""
+    return asyncio.run(read_swarm(tokens, **kwargs))
