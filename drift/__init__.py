@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from drift.wire.version import PROTOCOL_VERSION
+from drift.wire.version import PROTOCOL_VERSION, __version__
 
-__version__ = "0.1.0"
 __all__ = ["PROTOCOL_VERSION", "__version__"]
 
 _SDK_NAMES = {

@@ -19,12 +19,12 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from drift import __version__
 from drift.api.engine import CausalLMEngine, GenerationParams
 from drift.api.protocol import SamplingOptions, parse_chat, parse_completion
 from drift.api.render import ResponseBuilder, drift_error_body, error_body, model_card
 from drift.api.service import Delta, Finish, GenerationService, ServiceConfig
 from drift.wire.errors import BadRequest, DriftError, Unauthorized
+from drift.wire.version import __version__
 
 log = logging.getLogger(__name__)
 

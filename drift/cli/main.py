@@ -8,7 +8,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from drift import __version__
+from drift.wire.version import __version__
 
 # One module per subcommand, in the order `drift --help` lists them.
 COMMAND_MODULES: tuple[str, ...] = (

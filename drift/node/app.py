@@ -17,7 +17,6 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-import drift
 from drift.node.auth import auth_middleware
 from drift.node.membership import MembershipNode
 from drift.node.middleware import error_middleware
@@ -37,7 +36,7 @@ _NO_DASHBOARD = (
 
 def find_web_dir() -> Path | None:
     """drift/_web when installed from a wheel, else the repository's web/, else None."""
-    package = Path(drift.__file__).resolve().parent
+    package = Path(__file__).resolve().parent.parent  # drift/
     for candidate in (package / "_web", package.parent / "web"):
         if candidate.is_dir():
             return candidate

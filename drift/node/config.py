@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from drift import __version__
 from drift.identity import JoinToken
+from drift.wire.version import __version__
 
 
 @dataclass(frozen=True)

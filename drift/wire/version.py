@@ -1,6 +1,7 @@
-"""The wire protocol's version: every message carries it; another major version is refused.
-
-The wire layer owns it (it depends on nothing above it); `drift.PROTOCOL_VERSION` re-exports it.
+"""Versions on the wire: DRIFT's release (records, /health) and the protocol every message
+carries (another major version is refused). The wire layer owns them; it depends on nothing
+above it, and `drift.__version__` / `drift.PROTOCOL_VERSION` re-export them.
 """
 
+__version__ = "0.1.0"
 PROTOCOL_VERSION = "1.0"

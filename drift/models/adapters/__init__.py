@@ -1,5 +1,2 @@
-"""The bundled architecture families; importing this package registers each of them."""
-
-from drift.models.adapters import alibi, gemma, llama
-
-__all__ = ["alibi", "gemma", "llama"]
+"""The bundled architecture families; each module registers its adapters on import
+(drift.models.registry imports them all)."""

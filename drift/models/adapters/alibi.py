@@ -12,8 +12,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from drift.models.adapters.base import Adapter, RunContext, build_masks
-from drift.models.registry import register
+from drift.models.adapters.base import Adapter, RunContext, build_masks, register
 
 
 class _TransformerH(Adapter):

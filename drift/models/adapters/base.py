@@ -3,6 +3,7 @@
 An adapter knows the checkpoint prefix of layer i, builds layer i on `meta` with its absolute
 `layer_idx`, and runs one layer given what `prepare` computed once per call (masks, rotary).
 It does not know about sessions, prompts or weights on disk: drift.models.span drives it.
+Families register themselves here with `@register(...)`; drift.models.registry looks them up.
 """
 
 from __future__ import annotations
@@ -10,13 +11,33 @@ from __future__ import annotations
 import copy
 import sys
 from dataclasses import dataclass
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, TypeVar, cast
 
 import torch
 from transformers import AutoModelForCausalLM, Cache, PreTrainedModel
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
 from drift.wire.errors import BadRequest
+
+A = TypeVar("A", bound="type[Adapter]")
+
+# Filled by the @register decorators when a family module is imported (import-time,
+# append-only: the registry pattern of petals' auto_config, not mutable runtime state).
+ADAPTERS: dict[str, type[Adapter]] = {}
+
+
+def register(*model_types: str) -> Any:
+    """Class decorator: serve `model_types` with the decorated adapter class."""
+
+    def wrap(cls: A) -> A:
+        for model_type in model_types:
+            if model_type in ADAPTERS and ADAPTERS[model_type] is not cls:
+                raise ValueError(f"model_type {model_type!r} is registered twice")
+            ADAPTERS[model_type] = cls
+        return cls
+
+    return wrap
+
 
 MASK_FUNCTIONS = {
     "full_attention": create_causal_mask,

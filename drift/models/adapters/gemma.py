@@ -10,9 +10,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from drift.models.adapters.base import RunContext, build_masks, first_of_each_type
+from drift.models.adapters.base import RunContext, build_masks, first_of_each_type, register
 from drift.models.adapters.llama import LlamaLikeAdapter
-from drift.models.registry import register
 from drift.wire.errors import BadRequest
 
 

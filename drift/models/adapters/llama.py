@@ -11,8 +11,13 @@ from typing import Any
 
 import torch
 
-from drift.models.adapters.base import Adapter, RunContext, build_masks, first_of_each_type
-from drift.models.registry import register
+from drift.models.adapters.base import (
+    Adapter,
+    RunContext,
+    build_masks,
+    first_of_each_type,
+    register,
+)
 
 
 @register("llama", "qwen2", "qwen3", "deepseek_v3")
