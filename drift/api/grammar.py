@@ -89,10 +89,17 @@ class GrammarCompiler:
                         f"constrained decoding needs the llguidance package: {INSTALL_HINT}"
                     ) from exc
                 self.ll = llguidance
-                eos = self._eos[0] if len(self._eos) == 1 else (self._eos or None)
-                self._tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer, eos_token=eos)
+                self._tokenizer = self._ll_tokenizer()
                 self.vocab_size = int(self._tokenizer.vocab_size)
             return self._tokenizer
+
+    def _ll_tokenizer(self) -> Any:
+        eos = self._eos[0] if len(self._eos) == 1 else (self._eos or None)
+        try:  # the fast path: llguidance reads the tokenizers JSON itself
+            return self.ll.hf.from_tokenizer(self._hf_tokenizer, eos_token=eos)
+        except ValueError:  # a decoder it does not know: hand it every token's bytes
+            return self.ll.LLTokenizer(self.ll.TokenizerWrapper(_ByteTokens(self._hf_tokenizer)),
+                                       eos_token=eos)  # fmt: skip
 
     def compile(self, lark: str, *, param: str) -> Grammar:
         """Check `lark` once (cached by text); BadRequest naming `param` if it is invalid."""
@@ -112,6 +119,20 @@ class GrammarCompiler:
             while len(self._cache) > CACHE_SIZE:
                 self._cache.popitem(last=False)
         return grammar
+
+
+class _ByteTokens:
+    """What llguidance's TokenizerWrapper reads: each token's bytes, and an encoder."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.eos_token_id = tokenizer.eos_token_id
+        self.bos_token_id = tokenizer.bos_token_id
+        self.special_token_ids = list(tokenizer.all_special_ids)
+        self.tokens = [tokenizer.decode([i]).encode() for i in range(len(tokenizer))]
+
+    def __call__(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 class GrammarProcessor(LogitsProcessor):
