@@ -52,11 +52,8 @@ class ApiMetrics:
         self.requests[(route, status)] += 1
         self.duration.observe(seconds)
 
-    def choice(self, ttft_s: float | None, tokens: int, decode_s: float) -> None:
-        """One finished choice: time to its first token, its tokens, its decode time."""
-        self.completion_tokens += tokens
-        if ttft_s is not None:
-            self.ttft.observe(ttft_s)
+    def decoded(self, tokens: int, decode_s: float) -> None:
+        """A choice ran to its end: `tokens` in `decode_s` seconds after its first token."""
         if tokens > 1 and decode_s > 0:
             self.decode_rate.observe((tokens - 1) / decode_s)
 

@@ -269,7 +269,9 @@ class GenerationService:
                 continue  # tokens generated after we asked generate() to stop
             if first is None:
                 first = time.perf_counter()
+                self.metrics.ttft.observe(first - started)
             count += 1
+            self.metrics.completion_tokens += 1
             if item.token_id in self.engine.eos_token_ids:
                 reason = "stop"
                 cancel.set()
@@ -283,8 +285,8 @@ class GenerationService:
                 yield Delta(index, new, tuple(pending))
                 pending = []
         await future  # raises what generate() raised (MissingBlocks, ...)
-        ended = time.perf_counter()
-        self.metrics.choice(first - started if first else None, count, ended - (first or ended))
+        if first is not None:
+            self.metrics.decoded(count, time.perf_counter() - first)
         if reason is None:
             reason = "length" if count >= params.max_new_tokens else "stop"
             new = text.finish()

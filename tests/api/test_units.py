@@ -94,7 +94,10 @@ def test_parse_refuses_unknown_and_bad_types() -> None:
         ({"model": "m", "messages": [{"role": "user"}], "stream": "yes"}, "stream"),
         ({"model": "m", "messages": [{"role": "user"}], "whatever": [1]}, "whatever"),
         ({"model": "m", "messages": [{"role": "robot"}]}, "messages[0].role"),
-        ({"model": "m", "messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
+        (
+            {"model": "m", "messages": [{"role": "tool", "content": "x"}]},
+            "messages[0].tool_call_id",
+        ),
         ({"model": "m", "messages": [{"role": "user"}], "logit_bias": {"1": 5}}, "logit_bias"),
     ]:
         with pytest.raises(BadRequest) as info:
