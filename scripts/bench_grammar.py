@@ -240,7 +240,7 @@ def decode_step_s(reps: int) -> float:
             out = model(ids, cache=cache, use_cache=True)
             token = out.logits[:, -1:].argmax(-1)
             for _ in range(16):
-                t, out = timed(lambda t=token: model(t, cache=cache, use_cache=True))
+                t, out = timed(lambda t=token, c=cache: model(t, cache=c, use_cache=True))
                 token = out.logits[:, -1:].argmax(-1)
                 times.append(t)
     return statistics.median(times)
