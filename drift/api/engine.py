@@ -148,21 +148,15 @@ class CausalLMEngine:
     # -- embeddings ---------------------------------------------------------------------
     pooling = "mean"  # see `embed`; stated in the model card of /v1/models
 
-    def embed(self, inputs: Sequence[Sequence[int]]) -> torch.Tensor:
-        """[N, H] float32: per input, the mean over its tokens of the model's final normed
-        hidden state, L2-normalised. The inputs run as one right-padded batch without a
-        mask: causal attention keeps every input blind to the padding after it."""
-        width = max(len(x) for x in inputs)
-        ids = torch.full((len(inputs), width), self.pad_token_id, dtype=torch.long)  # [N, W]
-        mask = torch.zeros(len(inputs), width)  # [N, W]
-        for i, x in enumerate(inputs):
-            ids[i, : len(x)] = torch.tensor(list(x), dtype=torch.long)
-            mask[i, : len(x)] = 1.0
+    def embed(self, input_ids: Sequence[int]) -> list[float]:
+        """One input's embedding: the mean over its tokens of the model's final normed hidden
+        state, L2-normalised. Inputs run one at a time, so an embedding never depends on
+        what else was in the request (batching or padding would change the last bits)."""
+        ids = torch.tensor([list(input_ids)], dtype=torch.long)  # [1, T]
         with torch.inference_mode():
             out = self.model(ids, output_hidden_states=True, logits_to_keep=1, use_cache=False)
-        final = out.hidden_states[-1].float()  # [N, W, H]
-        pooled = (final * mask[..., None]).sum(dim=1) / mask.sum(dim=1, keepdim=True)  # [N, H]
-        return torch.nn.functional.normalize(pooled, dim=-1)
+        pooled = out.hidden_states[-1][0].float().mean(dim=0)  # [H]
+        return torch.nn.functional.normalize(pooled, dim=-1).tolist()
 
     # -- generation ---------------------------------------------------------------------
     def generate(

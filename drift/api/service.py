@@ -7,7 +7,7 @@ stop strings. Closing the iterator cancels the generation before its next token 
 for the thread, so the request's sessions are freed before its slot is. No HTTP here.
 With `max_batch` > 1, choices waiting together run as one batch (`generate_batch`); each
 still streams on its own and completes the step its row ends, not when the batch does.
-`embed` runs embedding batches under the same slots. Token counts and timings go to the
+`embed` runs embedding inputs (one forward pass each) under the same slots. Token counts and timings go to the
 app's `ApiMetrics`.
 """
 
@@ -46,7 +46,6 @@ class ServiceConfig:
     default_max_tokens: int = 512  # new tokens per choice when a request names none
     max_batch: int = 1  # choices generated together as one batch (1 = no batching)
     batch_wait_s: float = 0.01  # how long a lone choice waits for others to batch with
-    embed_batch: int = 16  # embedding inputs per forward pass
 
 
 @dataclass(frozen=True)
@@ -303,11 +302,8 @@ class GenerationService:
         async with self.slot():
             self.active += 1
             try:
-                step = self.config.embed_batch
-                for i in range(0, len(inputs), step):
-                    chunk = inputs[i : i + step]
-                    vectors = await loop.run_in_executor(self.executor, self.engine.embed, chunk)
-                    out.extend(vectors.tolist())
+                for ids in inputs:
+                    out.append(await loop.run_in_executor(self.executor, self.engine.embed, ids))
             finally:
                 self.active -= 1
         return out
