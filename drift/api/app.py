@@ -1,34 +1,42 @@
-"""The OpenAI-compatible aiohttp app: /v1/models, /v1/chat/completions, /v1/completions.
+"""The OpenAI-compatible aiohttp app: /v1/models, /v1/chat/completions, /v1/completions,
+/v1/embeddings, plus /health, /metrics and the chat page at / (web/chat).
 
-Routes parse the body into typed requests, hand the work to `GenerationService`, and
+Routes parse the body into typed requests, build the request's grammar (tools,
+response_format; drift.api.constraints), hand the work to `GenerationService`, and
 serialise the result as JSON or server-sent events (`data: {...}`, then `data: [DONE]`).
-One middleware checks `Authorization: Bearer` keys in constant time; another maps every
-error to OpenAI's shape `{"error": {"message", "type", "param", "code"}}`.
+Middlewares (drift.api.middleware): CORS, metrics, OpenAI-shaped errors, Bearer keys.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
 from aiohttp import web
 
+from drift.api.constraints import request_grammar
 from drift.api.engine import CausalLMEngine, GenerationParams
-from drift.api.protocol import SamplingOptions, parse_chat, parse_completion
-from drift.api.render import ResponseBuilder, drift_error_body, error_body, model_card
+from drift.api.grammar import Grammar
+from drift.api.metrics import ApiMetrics
+from drift.api.middleware import add_cors, bearer_auth, counted, json_response, openai_errors
+from drift.api.protocol import (
+    SamplingOptions,
+    parse_chat,
+    parse_completion,
+    parse_embeddings,
+)
+from drift.api.render import ResponseBuilder, drift_error_body, embeddings_body, model_card
 from drift.api.service import Delta, Finish, GenerationService, ServiceConfig
-from drift.wire.errors import BadRequest, DriftError, Unauthorized
+from drift.wire.errors import BadRequest, DriftError, NotFound
 from drift.wire.version import __version__
 
 log = logging.getLogger(__name__)
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @dataclass(frozen=True)
@@ -36,52 +44,16 @@ class ApiConfig:
     api_keys: tuple[str, ...] = ()  # accepted Bearer keys; empty = no authentication
     service: ServiceConfig = field(default_factory=ServiceConfig)
     max_body_bytes: int = 8 * 2**20  # largest request body
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed to call /v1 ("*" = any)
+    web_dir: Path | None = None  # holds chat/ (the chat page served at /); None = no page
 
 
 SERVICE = web.AppKey("drift_api_service", GenerationService)
 CONFIG = web.AppKey("drift_api_config", ApiConfig)
 STARTED = web.AppKey("drift_api_started", int)
+METRICS = web.AppKey("drift_api_metrics", ApiMetrics)
 
-
-def _json(body: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
-
-
-@web.middleware
-async def openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except DriftError as exc:
-        return _json(drift_error_body(exc), exc.status)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        return _json(error_body(exc.status, f"{exc.reason}: {request.path}", None), exc.status)
-    except Exception:
-        log.exception("internal error on %s %s", request.method, request.path)
-        return _json(error_body(500, "internal server error", "internal"), 500)
-
-
-def _bearer_auth(keys: Sequence[str]) -> Any:
-    wanted = [k.encode() for k in keys]
-
-    @web.middleware
-    async def bearer_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if wanted and request.path.startswith("/v1"):
-            header = request.headers.get("Authorization", "")
-            given = header[7:].strip().encode() if header.startswith("Bearer ") else b""
-            ok = False
-            for key in wanted:  # compare against every key: time does not depend on which
-                ok |= hmac.compare_digest(given, key)
-            if not ok:
-                raise Unauthorized(
-                    "incorrect API key provided"
-                    if given
-                    else "missing API key: send 'Authorization: Bearer <key>'"
-                )
-        return await handler(request)
-
-    return bearer_auth
+_json = json_response
 
 
 async def _body(request: web.Request) -> Any:
@@ -105,24 +77,40 @@ async def health(request: web.Request) -> web.Response:
     )
 
 
+def _card(request: web.Request) -> dict[str, Any]:
+    engine = request.app[SERVICE].engine
+    return model_card(engine.model_id, request.app[STARTED], pooling=engine.pooling,
+                      hidden_size=engine.hidden_size)  # fmt: skip
+
+
 async def list_models(request: web.Request) -> web.Response:
-    card = model_card(request.app[SERVICE].engine.model_id, request.app[STARTED])
-    return _json({"object": "list", "data": [card]})
+    return _json({"object": "list", "data": [_card(request)]})
 
 
 async def get_model(request: web.Request) -> web.Response:
-    service = request.app[SERVICE]
-    service.check_model(request.match_info["model"])
-    return _json(model_card(service.engine.model_id, request.app[STARTED]))
+    request.app[SERVICE].check_model(request.match_info["model"])
+    return _json(_card(request))
+
+
+def _grammar(engine: CausalLMEngine, lark: str | None, param: str) -> Grammar | None:
+    return None if lark is None else engine.grammars.compile(lark, param=param)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
+    engine = service.engine
     req = parse_chat(await _body(request))
     service.check_model(req.model)
-    prompt = service.engine.chat_prompt(req.messages)
-    params = service.params_for(prompt, req.options)
-    builder = _builder(service.engine, req.options, chat=True, prompts=[prompt], echo=[""])
+    tools = req.tools if req.tool_choice.mode != "none" else ()
+    prompt = engine.chat_prompt(req.messages, tools)
+    lark = request_grammar(req.response_format, tools, req.tool_choice,
+                           parallel=req.parallel_tool_calls)  # fmt: skip
+    param = "tools" if tools else "response_format"
+    params = service.params_for(prompt, req.options, _grammar(engine, lark, param))
+    builder = _builder(engine, req.options, chat=True, prompts=[prompt], echo=[""])
+    if tools:
+        builder = _builder(engine, req.options, chat=True, prompts=[prompt], echo=[""],
+                           tools=True, text_allowed=req.tool_choice.mode == "auto")  # fmt: skip
     return await _run(request, [prompt], [params], req.options, builder)
 
 
@@ -132,11 +120,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
     req = parse_completion(await _body(request))
     service.check_model(req.model)
     prompts = [engine.encode(p) if isinstance(p, str) else list(p) for p in req.prompts]
-    for ids in prompts:
-        bad = [t for t in ids if not 0 <= t < engine.vocab_size()]
-        if bad:
-            raise BadRequest(f"token ids out of the vocabulary: {bad[:5]}", param="prompt")
-    params = [service.params_for(ids, req.options) for ids in prompts]
+    _check_ids(engine, prompts, "prompt")
+    grammar = _grammar(engine, request_grammar(req.response_format), "response_format")
+    params = [service.params_for(ids, req.options, grammar) for ids in prompts]
     echo = [
         (p if isinstance(p, str) else engine.decode(p)) if req.echo else ""
         for p in req.prompts
@@ -146,6 +132,61 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await _run(request, prompts, params, req.options, builder)
 
 
+def _check_ids(engine: CausalLMEngine, inputs: Sequence[Sequence[int]], param: str) -> None:
+    for ids in inputs:
+        bad = [t for t in ids if not 0 <= t < engine.vocab_size()]
+        if bad:
+            raise BadRequest(f"token ids out of the vocabulary: {bad[:5]}", param=param)
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    engine = service.engine
+    req = parse_embeddings(await _body(request))
+    service.check_model(req.model)
+    if req.dimensions is not None and req.dimensions != engine.hidden_size:
+        raise BadRequest(f"this model's embeddings have {engine.hidden_size} dimensions; "
+                         "'dimensions' cannot change that", param="dimensions")  # fmt: skip
+    inputs = [engine.encode(x) if isinstance(x, str) else list(x) for x in req.inputs]
+    _check_ids(engine, inputs, "input")
+    longest = max(len(x) for x in inputs)
+    if longest > engine.context_length:
+        raise BadRequest(f"an input has {longest} tokens; this model's maximum context length "
+                         f"is {engine.context_length}", param="input")  # fmt: skip
+    vectors = await service.embed(inputs)
+    return _json(embeddings_body(engine.model_id, vectors, base64=req.base64,
+                                 prompt_tokens=sum(len(x) for x in inputs)))  # fmt: skip
+
+
+async def metrics(request: web.Request) -> web.Response:
+    text = request.app[METRICS].render()
+    return web.Response(text=text, content_type="text/plain", charset="utf-8",
+                        headers={"X-Content-Type-Options": "nosniff"})  # fmt: skip
+
+
+async def chat_page(request: web.Request) -> web.StreamResponse:
+    return _static_file(request, "index.html")
+
+
+async def chat_static(request: web.Request) -> web.StreamResponse:
+    return _static_file(request, request.match_info["path"])
+
+
+def _static_file(request: web.Request, rel: str) -> web.StreamResponse:
+    web_dir = request.app[CONFIG].web_dir
+    if web_dir is not None:
+        root = (web_dir / "chat").resolve()
+        target = (root / rel).resolve()
+        if target.is_relative_to(root) and target.is_file():
+            return web.FileResponse(target)
+    if rel == "index.html":
+        model_id = request.app[SERVICE].engine.model_id
+        return web.Response(
+            text=f"DRIFT OpenAI-compatible API for {model_id}: /v1 (no chat page)\n"
+        )
+    raise NotFound(f"no static file {rel!r}")
+
+
 def _builder(
     engine: CausalLMEngine,
     options: SamplingOptions,
@@ -153,6 +194,8 @@ def _builder(
     chat: bool,
     prompts: Sequence[Sequence[int]],
     echo: Sequence[str],
+    tools: bool = False,
+    text_allowed: bool = True,
 ) -> ResponseBuilder:
     return ResponseBuilder(
         chat=chat,
@@ -162,6 +205,8 @@ def _builder(
         prompt_tokens=sum(len(p) for p in prompts),
         echo=echo if not chat else [""] * options.n,
         logprobs=options.logprobs is not None,
+        tools=tools,
+        text_allowed=text_allowed,
     )
 
 
@@ -240,22 +285,36 @@ async def _stream(
 
 def build_api_app(engine: CausalLMEngine, config: ApiConfig) -> web.Application:
     """The app; its cleanup stops the executor (waiting for running generations)."""
+    app_metrics = ApiMetrics()
     app = web.Application(
-        middlewares=[openai_errors, _bearer_auth(config.api_keys)],
+        middlewares=[counted(app_metrics), openai_errors, bearer_auth(config.api_keys)],
         client_max_size=config.max_body_bytes,
     )
+    add_cors(app, config.cors_origins)
     app[CONFIG] = config
     app[STARTED] = int(time.time())
+    app[METRICS] = app_metrics
 
     async def service_ctx(app: web.Application) -> AsyncIterator[None]:
-        app[SERVICE] = GenerationService(engine, config.service)
+        service = GenerationService(engine, config.service, app_metrics)
+        app[SERVICE] = service
+        app_metrics.gauges.update({
+            "drift_api_queue_depth": ("Requests waiting for a generation slot.",
+                                      lambda: service.waiting),
+            "drift_api_active_requests": ("Generations and embedding batches running.",
+                                          lambda: service.active),
+        })  # fmt: skip
         yield
-        app[SERVICE].close()
+        service.close()
 
     app.cleanup_ctx.append(service_ctx)
+    app.router.add_get("/", chat_page)
+    app.router.add_get("/chat/{path:.+}", chat_static)
     app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model}", get_model)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/embeddings", embeddings)
     return app

@@ -1,12 +1,12 @@
 """The narrow engine the API drives: a transformers-compatible causal LM plus its tokenizer.
 
 `CausalLMEngine` works the same on a local `AutoModelForCausalLM` and on DRIFT's
-`AutoDistributedModelForCausalLM`: it only calls `generate()` with logits processors and a
-stopping criterion, one choice at a time, and reports each new token through a callback.
-`generate` is blocking (run it on an executor); it knows nothing of HTTP or asyncio.
-A `cache_factory` gives each generation its own cache (for a swarm: its own sessions).
-`generate_batch` runs several requests as one left-padded batch (per-row sampling and
-penalties, per-row stop: a row reports `on_done` the step it finishes).
+`AutoDistributedModelForCausalLM`: it only calls `generate()` with logits processors (a
+grammar's among them) and a stopping criterion, and reports each new token through a
+callback; `embed` pools the final hidden states of a forward pass. Blocking (run it on an
+executor); it knows nothing of HTTP or asyncio. A `sessions` factory gives each generation
+its own sessions and tells which servers ran it. `generate_batch` runs several requests as
+one left-padded batch (per-row processors, per-row stop: `on_done` the step a row ends).
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from typing import Any
 import torch
 from transformers import LogitsProcessorList, StoppingCriteriaList
 
-from drift.api.protocol import ChatMessage
+from drift.api.grammar import Grammar, GrammarCompiler
+from drift.api.messages import ChatMessage, ToolSpec
+from drift.api.prompt import ChatTemplate
 from drift.api.sampling import (
     BatchTap,
     LogprobRecorder,
@@ -30,7 +32,6 @@ from drift.api.sampling import (
     SeededSampler,
     TokenTap,
 )
-from drift.wire.errors import BadRequest
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class GenerationParams:
     presence_penalty: float
     frequency_penalty: float
     top_logprobs: int | None  # None = no log-probs; k = chosen token plus k alternatives
+    grammar: Grammar | None = None  # constrained decoding (response_format, tools)
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,9 @@ class TokenEvent:
     token_id: int
     logprob: float | None  # log-probability under the model (None when not asked)
     top: tuple[tuple[int, float], ...]  # best alternatives (token id, log-prob)
+
+
+RouteCallback = Callable[[tuple["ServedSpan", ...]], None]
 
 
 @dataclass(frozen=True)
@@ -60,10 +65,28 @@ class BatchRow:
     on_token: Callable[[TokenEvent], None]
     cancel: threading.Event
     on_done: Callable[..., None]  # on_done() when the row ends; on_done(exc) on failure
+    on_route: RouteCallback | None = None  # told once which servers run the row
 
 
-# max_length -> a context manager yielding the `cache=` to pass to generate(), closed after
-CacheFactory = Callable[[int], AbstractContextManager[Any]]
+@dataclass(frozen=True)
+class ServedSpan:
+    """Blocks [start_block, end_block) of a generation ran on this server."""
+
+    peer_id: str
+    addr: str
+    start_block: int
+    end_block: int
+
+
+@dataclass(frozen=True)
+class OpenedSessions:
+    generate_kwargs: dict[str, Any]  # extra generate() arguments (e.g. {"session": s})
+    route: Callable[[], tuple[ServedSpan, ...]]  # the servers in use (after the first step)
+
+
+# (max_length, batch_size) -> a context manager holding one generation's sessions
+SessionFactory = Callable[[int, int], AbstractContextManager[OpenedSessions]]
+Pooling = str  # "mean": mean of the final normed hidden states over the tokens, then L2 norm
 
 
 class CausalLMEngine:
@@ -74,12 +97,13 @@ class CausalLMEngine:
         *,
         model_id: str,
         context_length: int | None = None,
-        cache_factory: CacheFactory | None = None,
+        sessions: SessionFactory | None = None,
     ) -> None:
         self.model = model
-        self.cache_factory = cache_factory
+        self.sessions = sessions
         self.tokenizer = tokenizer
         self.model_id = model_id
+        self.template = ChatTemplate(tokenizer, model_id)
         config = model.config
         self.context_length = int(
             context_length
@@ -99,20 +123,14 @@ class CausalLMEngine:
         self.eos_token_ids = frozenset(eos)
         pad = tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else (min(eos) if eos else 0)
+        self.grammars = GrammarCompiler(tokenizer, self.eos_token_ids)
+        self.hidden_size = int(getattr(config, "hidden_size", 0) or 0)
 
     # -- text <-> ids -------------------------------------------------------------------
-    def chat_prompt(self, messages: Sequence[ChatMessage]) -> list[int]:
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise BadRequest(
-                f"model {self.model_id!r} has no chat template; use /v1/completions with a "
-                "plain prompt instead",
-                param="messages",
-            )
-        text = self.tokenizer.apply_chat_template(
-            [{"role": m.role, "content": m.content} for m in messages],
-            add_generation_prompt=True,
-            tokenize=False,
-        )
+    def chat_prompt(
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] = ()
+    ) -> list[int]:
+        text = self.template.render(messages, tools)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def encode(self, text: str) -> list[int]:
@@ -127,6 +145,19 @@ class CausalLMEngine:
     def vocab_size(self) -> int:
         return int(self.model.config.vocab_size)
 
+    # -- embeddings ---------------------------------------------------------------------
+    pooling = "mean"  # see `embed`; stated in the model card of /v1/models
+
+    def embed(self, input_ids: Sequence[int]) -> list[float]:
+        """One input's embedding: the mean over its tokens of the model's final normed hidden
+        state, L2-normalised. Inputs run one at a time, so an embedding never depends on
+        what else was in the request (batching or padding would change the last bits)."""
+        ids = torch.tensor([list(input_ids)], dtype=torch.long)  # [1, T]
+        with torch.inference_mode():
+            out = self.model(ids, output_hidden_states=True, logits_to_keep=1, use_cache=False)
+        pooled = out.hidden_states[-1][0].float().mean(dim=0)  # [H]
+        return torch.nn.functional.normalize(pooled, dim=-1).tolist()
+
     # -- generation ---------------------------------------------------------------------
     def generate(
         self,
@@ -135,23 +166,28 @@ class CausalLMEngine:
         generator: torch.Generator,
         on_token: Callable[[TokenEvent], None],
         cancel: threading.Event,
+        on_route: RouteCallback | None = None,
     ) -> None:
         """Generate one choice, calling `on_token` for every new token (EOS included)."""
         input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long)  # [1, P]
         processors, recorder = self._processors(len(prompt_ids), params, generator)
+        with (
+            torch.inference_mode(),
+            self._open(len(prompt_ids) + params.max_new_tokens, 1) as opened,
+        ):
+            routed = _Once(opened.route, [on_route] if on_route else [])
 
-        def tap(token_id: int) -> None:
-            on_token(self._event(token_id, recorder, params.top_logprobs))
+            def tap(token_id: int) -> None:
+                routed()
+                on_token(self._event(token_id, recorder, params.top_logprobs))
 
-        cache_cm = (
-            self.cache_factory(len(prompt_ids) + params.max_new_tokens)
-            if self.cache_factory is not None
-            else contextlib.nullcontext(None)
-        )
-        with torch.inference_mode(), cache_cm as cache:
-            extra = {"cache": cache} if cache is not None else {}
             self._generate(input_ids, torch.ones_like(input_ids), params.max_new_tokens,
-                           processors, TokenTap(tap, cancel), extra)  # fmt: skip
+                           processors, TokenTap(tap, cancel), opened.generate_kwargs)  # fmt: skip
+
+    def _open(self, max_length: int, batch_size: int) -> AbstractContextManager[OpenedSessions]:
+        if self.sessions is None:
+            return contextlib.nullcontext(OpenedSessions({}, lambda: ()))
+        return self.sessions(max_length, batch_size)
 
     def generate_batch(self, rows: Sequence[BatchRow]) -> None:
         """Generate several requests as one left-padded batch; each row stops on its own
@@ -171,9 +207,10 @@ class CausalLMEngine:
                         [r.cancel for r in rows], [r.on_done for r in rows],
                         self.eos_token_ids)  # fmt: skip
         max_new = max(r.params.max_new_tokens for r in rows)
-        with torch.inference_mode():
+        with torch.inference_mode(), self._open(width + max_new, len(rows)) as opened:
+            stop.before_step = _Once(opened.route, [r.on_route for r in rows if r.on_route])
             self._generate(input_ids, mask, max_new, LogitsProcessorList([RowProcessors(
-                row_processors)]), stop, {})  # fmt: skip
+                row_processors)]), stop, opened.generate_kwargs)  # fmt: skip
         stop.finish_all()
 
     def _row_tap(self, row: BatchRow, recorder: LogprobRecorder | None) -> Callable[[int], None]:
@@ -193,6 +230,8 @@ class CausalLMEngine:
             processors.append(
                 PenaltyProcessor(prompt_length, params.presence_penalty, params.frequency_penalty)
             )
+        if params.grammar is not None:  # after the penalties, before drawing a token
+            processors.append(params.grammar.processor())
         if params.temperature > 0:
             processors.append(SeededSampler(params.temperature, params.top_p, generator))
         return processors, recorder
@@ -222,3 +261,19 @@ class CausalLMEngine:
             values, indices = logprobs.topk(k)
             top = tuple(zip(indices.tolist(), values.tolist(), strict=True))
         return TokenEvent(token_id, float(logprobs[token_id]), top)
+
+
+class _Once:
+    """Tell `callbacks` the route the first time it is called (after the first step)."""
+
+    def __init__(self, route: Callable[[], tuple[ServedSpan, ...]],
+                 callbacks: list[RouteCallback]) -> None:  # fmt: skip
+        self.route = route
+        self.callbacks = callbacks
+
+    def __call__(self) -> None:
+        if self.callbacks:
+            route = self.route()
+            for callback in self.callbacks:
+                callback(route)
+            self.callbacks = []

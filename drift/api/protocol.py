@@ -1,15 +1,25 @@
 """OpenAI request bodies as frozen dataclasses, validated once at the edge.
 
 `parse_chat` / `parse_completion` turn a decoded JSON body into a typed request or raise
-`BadRequest` naming the field (`details={"param": ...}`). Unknown fields are ignored, as
-OpenAI does; wrong types and out-of-range values are refused. Knows nothing of tokens.
+`BadRequest` naming the field (`details={"param": ...}`). As OpenAI, a field it does not know
+is a 400 (`unknown_parameter`); so is an OpenAI field DRIFT cannot honour when it is set
+(`unsupported_parameter`, see UNSUPPORTED); wrong types and out-of-range values are refused.
+Knows nothing of tokens.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from drift.api.messages import (
+    ChatMessage,
+    ToolChoice,
+    ToolSpec,
+    parse_messages,
+    parse_tool_choice,
+    parse_tools,
+)
 from drift.wire.errors import BadRequest
 
 MAX_N = 16  # choices per request
@@ -17,10 +27,30 @@ MAX_STOP = 4  # stop strings per request, as OpenAI
 MAX_TOP_LOGPROBS = 20
 
 
+# OpenAI fields DRIFT accepts and ignores (bookkeeping that changes no output)
+IGNORED = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier")
+# OpenAI fields DRIFT cannot honour: a 400 naming them when set to anything but "off"
+UNSUPPORTED = {
+    "chat": ("audio", "functions", "function_call", "logit_bias", "modalities", "prediction",
+             "reasoning_effort", "verbosity", "web_search_options"),
+    "completion": ("best_of", "logit_bias", "suffix"),
+}  # fmt: skip
+_OFF: tuple[Any, ...] = ({}, [], "", "none", ["text"])  # values that ask for nothing
+_SAMPLING = ("model", "max_tokens", "temperature", "top_p", "n", "seed", "stop",
+             "presence_penalty", "frequency_penalty", "logprobs", "stream", "stream_options",
+             "response_format")  # fmt: skip
+KNOWN = {
+    "chat": (*_SAMPLING, "messages", "max_completion_tokens", "top_logprobs", "tools",
+             "tool_choice", "parallel_tool_calls"),
+    "completion": (*_SAMPLING, "prompt", "echo"),
+}  # fmt: skip
+
+
 @dataclass(frozen=True)
-class ChatMessage:
-    role: str  # "system" | "user" | "assistant" | "tool" | "developer"
-    content: str
+class ResponseFormat:
+    kind: str  # "text" | "json_object" | "json_schema"
+    schema: dict[str, Any] | None = None  # json_schema only
+    name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -45,6 +75,10 @@ class ChatRequest:
     model: str
     messages: tuple[ChatMessage, ...]
     options: SamplingOptions
+    response_format: ResponseFormat
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: ToolChoice = field(default_factory=lambda: ToolChoice("none"))
+    parallel_tool_calls: bool = True
 
 
 @dataclass(frozen=True)
@@ -53,6 +87,7 @@ class CompletionRequest:
     prompts: tuple[str | tuple[int, ...], ...]  # text, or token ids
     echo: bool
     options: SamplingOptions
+    response_format: ResponseFormat  # a DRIFT extension for completions (vLLM has it too)
 
 
 def _bad(param: str, message: str) -> BadRequest:
@@ -133,43 +168,69 @@ def _options(body: dict[str, Any], logprobs: int | None) -> SamplingOptions:
     )
 
 
-def _content(index: int, content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text":
-                raise _bad(f"messages[{index}].content", "only text content parts are supported")
-            if not isinstance(part.get("text"), str):
-                raise _bad(f"messages[{index}].content", "a text part needs a string 'text'")
-            parts.append(part["text"])
-        return "".join(parts)
-    raise _bad(f"messages[{index}].content", "'content' must be a string or a list of parts")
+def check_fields(body: dict[str, Any], endpoint: str) -> None:
+    """400 for a field OpenAI does not define, or one DRIFT cannot honour that is set."""
+    known = KNOWN[endpoint]
+    unsupported = UNSUPPORTED[endpoint]
+    unknown = [k for k in body if k not in known and k not in IGNORED and k not in unsupported]
+    if unknown:
+        raise BadRequest(
+            f"unrecognized request argument supplied: {', '.join(unknown)}",
+            param=unknown[0], code="unknown_parameter",
+        )  # fmt: skip
+    refused = [k for k in unsupported if k in body and not _is_off(k, body[k], body)]
+    if refused:
+        raise BadRequest(
+            f"DRIFT does not support {', '.join(refused)} (unsupported here: "
+            f"{', '.join(unsupported)})", param=refused[0], code="unsupported_parameter",
+        )  # fmt: skip
 
 
-def _messages(body: dict[str, Any]) -> tuple[ChatMessage, ...]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _bad("messages", "'messages' must be a non-empty list")
-    out = []
-    for i, msg in enumerate(messages):
-        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
-            raise _bad(f"messages[{i}]", "each message needs a string 'role'")
-        out.append(ChatMessage(role=msg["role"], content=_content(i, msg.get("content"))))
-    return tuple(out)
+def _is_off(key: str, value: Any, body: dict[str, Any]) -> bool:
+    if key == "best_of":  # best_of == n is plain sampling
+        return value is None or value == body.get("n", 1)
+    return value is None or value in _OFF
+
+
+def _response_format(body: dict[str, Any]) -> ResponseFormat:
+    value = body.get("response_format")
+    if value is None:
+        return ResponseFormat("text")
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind in ("text", "json_object"):
+        return ResponseFormat(kind)
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+            raise _bad("response_format", "'json_schema' needs an object with a 'schema' object")
+        name = spec.get("name")
+        return ResponseFormat(
+            kind, spec.get("schema") or {}, name if isinstance(name, str) else None
+        )
+    raise _bad(
+        "response_format", "'response_format.type' is 'text', 'json_object' or 'json_schema'"
+    )
 
 
 def parse_chat(body: Any) -> ChatRequest:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
+    check_fields(body, "chat")
     logprobs = None
     if _bool(body, "logprobs"):
         logprobs = _opt_int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS) or 0
+    tools = parse_tools(body.get("tools"))
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise _bad("parallel_tool_calls", "'parallel_tool_calls' must be a boolean")
     return ChatRequest(
-        model=_model(body), messages=_messages(body), options=_options(body, logprobs)
+        model=_model(body),
+        messages=parse_messages(body.get("messages")),
+        options=_options(body, logprobs),
+        response_format=_response_format(body),
+        tools=tools,
+        tool_choice=parse_tool_choice(body.get("tool_choice"), tools),
+        parallel_tool_calls=parallel,
     )
 
 
@@ -198,10 +259,47 @@ def _prompts(body: dict[str, Any]) -> tuple[str | tuple[int, ...], ...]:
 def parse_completion(body: Any) -> CompletionRequest:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
+    check_fields(body, "completion")
     logprobs = _opt_int(body, "logprobs", 0, MAX_TOP_LOGPROBS)
     return CompletionRequest(
         model=_model(body),
         prompts=_prompts(body),
         echo=_bool(body, "echo"),
         options=_options(body, logprobs),
+        response_format=_response_format(body),
     )
+
+
+MAX_EMBED_INPUTS = 2048  # inputs per embeddings request, as OpenAI
+
+
+@dataclass(frozen=True)
+class EmbeddingsRequest:
+    model: str
+    inputs: tuple[str | tuple[int, ...], ...]  # text, or token ids
+    base64: bool  # encoding_format "base64" (else "float")
+    dimensions: int | None
+
+
+def parse_embeddings(body: Any) -> EmbeddingsRequest:
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    unknown = [k for k in body if k not in ("model", "input", "encoding_format", "dimensions",
+                                            *IGNORED)]  # fmt: skip
+    if unknown:
+        raise BadRequest(f"unrecognized request argument supplied: {', '.join(unknown)}",
+                         param=unknown[0], code="unknown_parameter")  # fmt: skip
+    body = {**body, "prompt": body.get("input")}
+    try:
+        inputs = _prompts(body)
+    except BadRequest as exc:
+        raise _bad("input", exc.message.replace("'prompt'", "'input'")) from exc
+    if len(inputs) > MAX_EMBED_INPUTS:
+        raise _bad("input", f"at most {MAX_EMBED_INPUTS} inputs per request, got {len(inputs)}")
+    if any(len(x) == 0 for x in inputs):
+        raise _bad("input", "an input is empty")
+    encoding = body.get("encoding_format") or "float"
+    if encoding not in ("float", "base64"):
+        raise _bad("encoding_format", "'encoding_format' is 'float' or 'base64'")
+    return EmbeddingsRequest(_model(body), inputs, encoding == "base64",
+                             _opt_int(body, "dimensions", 1))  # fmt: skip

@@ -1,4 +1,5 @@
-"""OpenAI response bodies: completions, chat completions, stream chunks, log-probs, errors.
+"""OpenAI response bodies: completions, chat completions (tool calls included), stream
+chunks, log-probs, embeddings, model cards, errors.
 
 Pure functions from DRIFT's results (`Delta`, `Finish`, `TokenEvent`) to the JSON shapes
 the official `openai` client parses. Knows no HTTP and no model; `token_text` turns ids
@@ -7,12 +8,17 @@ into strings.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
+from base64 import b64encode
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from drift.api.engine import TokenEvent
+import numpy as np
+
+from drift.api.engine import ServedSpan, TokenEvent
 from drift.api.service import Delta, Finish
+from drift.api.tools import CallDelta, ToolCallParser
 from drift.wire.errors import DriftError
 
 TokenText = Callable[[int], str]
@@ -40,7 +46,9 @@ def error_body(status: int, message: str, code: str | None, param: str | None = 
 
 def drift_error_body(exc: DriftError) -> dict:
     param = exc.details.get("param")
-    code = _OPENAI_CODES.get(exc.code, exc.code)
+    code = exc.details.get("code")  # a finer OpenAI code than the class's (unknown_parameter)
+    if not isinstance(code, str):
+        code = _OPENAI_CODES.get(exc.code, exc.code)
     return error_body(exc.status, exc.message, code, param if isinstance(param, str) else None)
 
 
@@ -86,12 +94,39 @@ def chat_logprobs(tokens: Sequence[TokenEvent], token_text: TokenText) -> dict[s
     return {"content": content}
 
 
-def model_card(model_id: str, created: int) -> dict[str, Any]:
-    return {"id": model_id, "object": "model", "created": created, "owned_by": "drift"}
+def model_card(model_id: str, created: int, *, pooling: str, hidden_size: int) -> dict[str, Any]:
+    return {
+        "id": model_id,
+        "object": "model",
+        "created": created,
+        "owned_by": "drift",
+        "embeddings": {"pooling": pooling, "normalized": True, "dimensions": hidden_size,
+                       "source": "final normed hidden state"},
+    }  # fmt: skip
+
+
+def route_json(route: Sequence[ServedSpan]) -> list[dict[str, Any]]:
+    return [dataclasses.asdict(span) for span in route]
+
+
+def embeddings_body(model: str, vectors: Sequence[Sequence[float]], *, base64: bool,
+                    prompt_tokens: int) -> dict[str, Any]:  # fmt: skip
+    data = []
+    for i, vector in enumerate(vectors):
+        value: Any = vector
+        if base64:  # OpenAI's: little-endian float32 bytes, base64
+            value = b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode()
+        data.append({"object": "embedding", "index": i, "embedding": value})
+    return {"object": "list", "data": data, "model": model,
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}  # fmt: skip
 
 
 class ResponseBuilder:
-    """Accumulates one request's events into a response body, or renders them as chunks."""
+    """Accumulates one request's events into a response body, or renders them as chunks.
+
+    With `tools` (chat requests that may call tools), each choice's text goes through a
+    ToolCallParser: calls become `tool_calls` (finish_reason "tool_calls"), the rest content.
+    """
 
     def __init__(
         self,
@@ -103,6 +138,8 @@ class ResponseBuilder:
         prompt_tokens: int,
         echo: Sequence[str],  # per choice: text to put before the completion ("" = none)
         logprobs: bool,
+        tools: bool = False,  # parse tool calls out of the text
+        text_allowed: bool = True,  # with tools: may the answer be text (tool_choice auto)
     ) -> None:
         self.chat = chat
         self.model = model
@@ -112,20 +149,48 @@ class ResponseBuilder:
         self.echo = list(echo)
         self.logprobs = logprobs
         self.id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
-        self.texts = ["" for _ in self.echo]
-        self.tokens: list[list[TokenEvent]] = [[] for _ in self.echo]
-        self.finish: list[str | None] = [None for _ in self.echo]
+        n = len(self.echo)
+        self.texts = ["" for _ in range(n)]
+        self.tokens: list[list[TokenEvent]] = [[] for _ in range(n)]
+        self.finish: list[str | None] = [None for _ in range(n)]
+        self.calls: list[list[dict[str, Any]]] = [[] for _ in range(n)]
+        self.parsers = [ToolCallParser(text_allowed=text_allowed) if tools else None
+                        for _ in range(n)]  # fmt: skip
+        self.route: tuple[ServedSpan, ...] = ()
         self.completion_tokens = 0
-        self._started = [False for _ in self.echo]
+        self._started = [False for _ in range(n)]
+
+    def _pieces(self, event: Delta | Finish) -> tuple[str, list[CallDelta]]:
+        """The event's new content text and tool-call pieces (through the parser)."""
+        parser = self.parsers[event.index]
+        if parser is None:
+            return (event.text if isinstance(event, Delta) else ""), []
+        pieces = parser.push(event.text) if isinstance(event, Delta) else parser.finish()
+        text = "".join(p for p in pieces if isinstance(p, str))
+        calls = [p for p in pieces if isinstance(p, CallDelta)]
+        for piece in calls:
+            own = self.calls[event.index]
+            if piece.index == len(own):
+                own.append({"id": piece.id, "type": "function",
+                            "function": {"name": piece.name, "arguments": ""}})  # fmt: skip
+            own[piece.index]["function"]["arguments"] += piece.arguments
+        return text, calls
+
+    def _reason(self, event: Finish) -> str:
+        if event.reason == "stop" and self.calls[event.index]:
+            return "tool_calls"
+        return event.reason
 
     # -- non-streaming ------------------------------------------------------------------
     def add(self, event: Delta | Finish) -> None:
+        text, _ = self._pieces(event)
+        self.texts[event.index] += text
         if isinstance(event, Delta):
-            self.texts[event.index] += event.text
             self.tokens[event.index].extend(event.tokens)
         else:
-            self.finish[event.index] = event.reason
+            self.finish[event.index] = self._reason(event)
             self.completion_tokens += event.completion_tokens
+            self.route = event.route or self.route
 
     def body(self) -> dict[str, Any]:
         choices = []
@@ -133,7 +198,11 @@ class ResponseBuilder:
             lp = self._logprobs(i, self.tokens[i], len(self.echo[i])) if self.logprobs else None
             choice: dict[str, Any] = {"index": i, "logprobs": lp, "finish_reason": self.finish[i]}
             if self.chat:
-                choice["message"] = {"role": "assistant", "content": text}
+                message: dict[str, Any] = {"role": "assistant", "content": text}
+                if self.calls[i]:
+                    message["content"] = text or None
+                    message["tool_calls"] = self.calls[i]
+                choice["message"] = message
             else:
                 choice["text"] = self.echo[i] + text
             choices.append(choice)
@@ -145,6 +214,7 @@ class ResponseBuilder:
             "system_fingerprint": None,
             "choices": choices,
             "usage": usage(self.prompt_tokens, self.completion_tokens),
+            "drift_route": route_json(self.route),
         }
 
     # -- streaming ----------------------------------------------------------------------
@@ -153,26 +223,32 @@ class ResponseBuilder:
         i = event.index
         first = not self._started[i]
         self._started[i] = True
-        text = event.text if isinstance(event, Delta) else ""
-        tokens = event.tokens if isinstance(event, Delta) else ()
         offset = len(self.echo[i]) + len(self.texts[i])
-        if isinstance(event, Delta):
-            self.texts[i] += event.text
-        else:
+        text, calls = self._pieces(event)
+        self.texts[i] += text
+        tokens = event.tokens if isinstance(event, Delta) else ()
+        finish = None
+        if isinstance(event, Finish):
             self.completion_tokens += event.completion_tokens
-        finish = event.reason if isinstance(event, Finish) else None
-        if not text and not tokens and finish is None and not first:
+            self.route = event.route or self.route
+            finish = self._reason(event)
+        if not text and not calls and not tokens and finish is None and not first:
             return None
         lp = self._logprobs(i, tokens, offset) if self.logprobs and tokens else None
         choice: dict[str, Any] = {"index": i, "logprobs": lp, "finish_reason": finish}
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if first else {}
-            if text or first:
+            if text or (first and not calls):
                 delta["content"] = text
+            if calls:
+                delta["tool_calls"] = [_call_chunk(c) for c in calls]
             choice["delta"] = delta
         else:
             choice["text"] = (self.echo[i] if first else "") + text
-        return self._envelope([choice])
+        out = self._envelope([choice])
+        if finish is not None and self.route:
+            out["drift_route"] = route_json(self.route)
+        return out
 
     def usage_chunk(self) -> dict[str, Any]:
         out = self._envelope([])
@@ -193,3 +269,10 @@ class ResponseBuilder:
         if self.chat:
             return chat_logprobs(tokens, self.token_text)
         return completion_logprobs(tokens, self.token_text, offset)
+
+
+def _call_chunk(piece: CallDelta) -> dict[str, Any]:
+    if piece.id is None:
+        return {"index": piece.index, "function": {"arguments": piece.arguments}}
+    return {"index": piece.index, "id": piece.id, "type": "function",
+            "function": {"name": piece.name, "arguments": piece.arguments}}  # fmt: skip

@@ -100,8 +100,11 @@ class BatchTap(StoppingCriteria):
         self.eos = eos
         self.counts = [0] * len(self.taps)
         self.done = [False] * len(self.taps)
+        self.before_step: Callable[[], None] | None = None  # called before each step's taps
 
     def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        if self.before_step is not None:
+            self.before_step()
         for i, tap in enumerate(self.taps):
             if self.done[i]:
                 continue

@@ -7,21 +7,33 @@ stop strings. Closing the iterator cancels the generation before its next token 
 for the thread, so the request's sessions are freed before its slot is. No HTTP here.
 With `max_batch` > 1, choices waiting together run as one batch (`generate_batch`); each
 still streams on its own and completes the step its row ends, not when the batch does.
+`embed` runs embedding inputs (one forward pass each) under the same slots. Token counts and timings go to the
+app's `ApiMetrics`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import secrets
 import threading
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
-from drift.api.engine import BatchRow, CausalLMEngine, GenerationParams, TokenEvent
+from drift.api.engine import (
+    BatchRow,
+    CausalLMEngine,
+    GenerationParams,
+    ServedSpan,
+    TokenEvent,
+)
+from drift.api.grammar import Grammar
+from drift.api.metrics import ApiMetrics
 from drift.api.protocol import SamplingOptions
 from drift.api.textstream import StopTextStream
 from drift.wire.errors import Busy, LengthExceeded, NotFound
@@ -48,17 +60,25 @@ class Finish:
     index: int
     reason: str  # "stop" | "length"
     completion_tokens: int
+    route: tuple[ServedSpan, ...] = ()  # the servers that ran the blocks (empty: local)
 
 
 _DONE = object()
 
 
+def _unset(exc: BaseException | None = None) -> None:  # replaced when the row is queued
+    raise AssertionError("a batch row ran before its on_done was set")
+
+
 class GenerationService:
-    def __init__(self, engine: CausalLMEngine, config: ServiceConfig) -> None:
+    def __init__(
+        self, engine: CausalLMEngine, config: ServiceConfig, metrics: ApiMetrics | None = None
+    ) -> None:
         if config.max_concurrent < 1 or config.queue_size < 0 or config.max_batch < 1:
             raise ValueError("max_concurrent and max_batch must be >= 1 and queue_size >= 0")
         self.engine = engine
         self.config = config
+        self.metrics = metrics or ApiMetrics()
         self.executor = ThreadPoolExecutor(config.max_concurrent, thread_name_prefix="drift-api")
         self._slots = asyncio.Semaphore(config.max_concurrent)
         self.waiting = 0  # requests queued for a slot
@@ -79,7 +99,9 @@ class GenerationService:
                 param="model",
             )
 
-    def params_for(self, prompt_ids: Sequence[int], options: SamplingOptions) -> GenerationParams:
+    def params_for(
+        self, prompt_ids: Sequence[int], options: SamplingOptions, grammar: Grammar | None = None
+    ) -> GenerationParams:
         """Check the prompt fits the context and size the completion."""
         room = self.engine.context_length - len(prompt_ids)
         wanted = options.max_tokens
@@ -100,6 +122,7 @@ class GenerationService:
             presence_penalty=options.presence_penalty,
             frequency_penalty=options.frequency_penalty,
             top_logprobs=options.logprobs,
+            grammar=grammar,
         )
 
     @contextlib.asynccontextmanager
@@ -129,6 +152,7 @@ class GenerationService:
         """Every choice of every prompt, one after the other (index = prompt * n + choice)."""
         seed = options.seed if options.seed is not None else secrets.randbits(63)
         generator = torch.Generator().manual_seed(seed % 2**63)
+        self.metrics.prompt_tokens += sum(len(p) for p in prompts) * options.n
         for p, (prompt_ids, p_params) in enumerate(zip(prompts, params, strict=True)):
             for j in range(options.n):
                 index = p * options.n + j
@@ -153,16 +177,20 @@ class GenerationService:
             self.tokens_generated += 1
             loop.call_soon_threadsafe(queue.put_nowait, event)
 
+        def on_route(route: tuple[ServedSpan, ...]) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, route)
+
         def job() -> None:
             try:
-                self.engine.generate(prompt_ids, params, generator, on_token, cancel)
+                self.engine.generate(prompt_ids, params, generator, on_token, cancel, on_route)
             finally:
                 loop.call_soon_threadsafe(queue.put_nowait, _DONE)
 
         self.active += 1
         if self.config.max_batch > 1:
-            future = asyncio.wrap_future(self._submit_row(prompt_ids, params, generator,
-                                                          on_token, cancel, queue))  # fmt: skip
+            future = asyncio.wrap_future(self._submit_row(
+                BatchRow(list(prompt_ids), params, generator, on_token, cancel, _unset, on_route),
+                queue))  # fmt: skip
         else:
             future = loop.run_in_executor(self.executor, job)
         try:
@@ -175,10 +203,9 @@ class GenerationService:
             self.active -= 1
 
     # -- batching -----------------------------------------------------------------------
-    def _submit_row(self, prompt_ids: Sequence[int], params: GenerationParams,
-                    generator: torch.Generator, on_token, cancel: threading.Event,
-                    queue: asyncio.Queue[object]) -> Future[None]:  # fmt: skip
-        """Queue one choice for the next batch; the future ends when its row does."""
+    def _submit_row(self, row: BatchRow, queue: asyncio.Queue[object]) -> Future[None]:
+        """Queue one choice for the next batch (its `on_done` is set here); the future ends
+        when its row does."""
         loop = asyncio.get_running_loop()
         done: Future[None] = Future()
 
@@ -190,8 +217,7 @@ class GenerationService:
                     done.set_exception(exc)
                 loop.call_soon_threadsafe(queue.put_nowait, _DONE)
 
-        row = BatchRow(list(prompt_ids), params, generator, on_token, cancel, on_done)
-        self._pending.append((row, done))
+        self._pending.append((dataclasses.replace(row, on_done=on_done), done))
         if not self._kick_scheduled:
             self._kick_scheduled = True
             loop.call_later(self.config.batch_wait_s, self._kick)
@@ -231,12 +257,20 @@ class GenerationService:
     ) -> AsyncGenerator[Delta | Finish, None]:
         text = StopTextStream(self.engine.decode, stops)
         pending: list[TokenEvent] = []
-        count, reason = 0, None
+        count, reason, route = 0, None, ()
+        started, first = time.perf_counter(), None
         while (item := await queue.get()) is not _DONE:
+            if isinstance(item, tuple):
+                route = item
+                continue
             assert isinstance(item, TokenEvent)
             if reason is not None:
                 continue  # tokens generated after we asked generate() to stop
+            if first is None:
+                first = time.perf_counter()
+                self.metrics.ttft.observe(first - started)
             count += 1
+            self.metrics.completion_tokens += 1
             if item.token_id in self.engine.eos_token_ids:
                 reason = "stop"
                 cancel.set()
@@ -250,9 +284,26 @@ class GenerationService:
                 yield Delta(index, new, tuple(pending))
                 pending = []
         await future  # raises what generate() raised (MissingBlocks, ...)
+        if first is not None:
+            self.metrics.decoded(count, time.perf_counter() - first)
         if reason is None:
             reason = "length" if count >= params.max_new_tokens else "stop"
             new = text.finish()
             if new or pending:
                 yield Delta(index, new, tuple(pending))
-        yield Finish(index, reason, count)
+        yield Finish(index, reason, count, route)
+
+    # -- embeddings ---------------------------------------------------------------------
+    async def embed(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Pooled embeddings of `inputs` (see CausalLMEngine.embed), in order."""
+        loop = asyncio.get_running_loop()
+        out: list[list[float]] = []
+        self.metrics.prompt_tokens += sum(len(x) for x in inputs)
+        async with self.slot():
+            self.active += 1
+            try:
+                for ids in inputs:
+                    out.append(await loop.run_in_executor(self.executor, self.engine.embed, ids))
+            finally:
+                self.active -= 1
+        return out

@@ -1,4 +1,5 @@
-"""`drift api`: serve a swarm's model behind OpenAI's HTTP API (chat, completions, SSE).
+"""`drift api`: serve a swarm's model behind OpenAI's HTTP API (chat with tools and
+structured output, completions, embeddings, SSE) and a chat page at /.
 
 Parses the flags once, loads the client side of the model (embeddings, head, tokenizer),
 builds the engine and the aiohttp app from drift.api, and runs it until Ctrl+C.
@@ -28,7 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "api",
         help="serve the swarm's model behind an OpenAI-compatible HTTP API",
         description="Serve MODEL (run by the swarm behind --initial_peers) on /v1/models, "
-        "/v1/chat/completions and /v1/completions, streamed or not.",
+        "/v1/chat/completions, /v1/completions and /v1/embeddings, streamed or not, with a "
+        "chat page at / and Prometheus metrics at /metrics.",
     )
     add_model(p)
     add_initial_peers(p)
@@ -53,6 +55,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="requests waiting for a slot before HTTP 429 (default: 32)")  # fmt: skip
     p.add_argument("--default_max_tokens", type=int, default=512,
                    help="completion length when a request names none (default: 512)")  # fmt: skip
+    p.add_argument("--cors_origins", action="append", default=[], metavar="ORIGIN",
+                   help="browser origin allowed to call /v1 from another site, e.g. "
+                        "https://app.example; repeat for several, '*' for any (default: none; "
+                        "the chat page at / needs none)")  # fmt: skip
     add_cache_dir(p)
     add_torch_dtype(p)
     p.set_defaults(func=run)
@@ -97,8 +103,10 @@ def _check(args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     from drift.api.app import ApiConfig, build_api_app
+    from drift.api.grammar import INSTALL_HINT, GrammarCompiler
     from drift.api.service import ServiceConfig
     from drift.cli.procs import process_record
+    from drift.node.app import find_web_dir
     from drift.node.runner import run_node
     from drift.paths import resolve_cache_dir
 
@@ -112,7 +120,12 @@ def run(args: argparse.Namespace) -> int:
         service=ServiceConfig(max_concurrent=args.max_concurrent, queue_size=args.queue_size,
                               default_max_tokens=args.default_max_tokens,
                               max_batch=args.max_batch),
+        cors_origins=tuple(o for flag in args.cors_origins for o in flag.split(",") if o),
+        web_dir=find_web_dir(),
     )  # fmt: skip
+    if not GrammarCompiler.available():
+        print(f"drift api: llguidance is not installed: requests with tools or response_format "
+              f"will get a 400 ({INSTALL_HINT})", file=sys.stderr)  # fmt: skip
     try:
         print(f"loading {args.model} ...", file=sys.stderr, flush=True)
         engine = _engine(args, model_id)

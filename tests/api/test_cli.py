@@ -44,7 +44,8 @@ def _curl(*args: str) -> str:
 def test_cli_serves_the_readme_curl_examples(model_dir: Path) -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path.cwd()))
     cmd = [sys.executable, "-m", "drift.cli", "api", str(model_dir), "--local", "--port", "0",
-           "--api_key", "sk-drift", "--served_model_name", "tiny"]  # fmt: skip
+           "--api_key", "sk-drift", "--served_model_name", "tiny",
+           "--cors_origins", "http://app.example"]  # fmt: skip
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
                             env=env)  # fmt: skip
     try:
@@ -65,6 +66,13 @@ def test_cli_serves_the_readme_curl_examples(model_dir: Path) -> None:
         assert all(json.loads(e[6:])["object"] == "text_completion" for e in events[:-1])
         denied = _curl("-w", "%{http_code}", f"{url}/v1/models", "-H", "Authorization: Bearer x")
         assert denied.endswith("401") and '"invalid_api_key"' in denied
+        preflight = _curl("-i", "-X", "OPTIONS", f"{url}/v1/chat/completions",
+                          "-H", "Origin: http://app.example",
+                          "-H", "Access-Control-Request-Method: POST")  # fmt: skip
+        assert preflight.startswith("HTTP/1.1 204")
+        assert "Access-Control-Allow-Origin: http://app.example" in preflight
+        assert "<title>DRIFT chat</title>" in _curl(f"{url}/")
+        assert "drift_api_requests_total" in _curl(f"{url}/metrics")
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -170,9 +170,15 @@ async def test_wrong_types_are_400_in_openai_shape(api_url: str) -> None:
                 assert error["param"] == param and error["type"] == "invalid_request_error"
         async with http.post(f"{api_url}/v1/completions", data=b"{not json") as r:
             assert r.status == 400
-        ok = {"model": MODEL_ID, "prompt": "a", "max_tokens": 2, "unknown_field": {"x": 1}}
-        async with http.post(f"{api_url}/v1/completions", json=ok) as r:
-            assert r.status == 200  # unknown fields are ignored, as OpenAI does
+        unknown = {"model": MODEL_ID, "prompt": "a", "max_tokens": 2, "unknown_field": {"x": 1}}
+        async with http.post(f"{api_url}/v1/completions", json=unknown) as r:
+            assert r.status == 400  # as OpenAI: an unrecognized argument is refused, by name
+            error = (await r.json())["error"]
+            assert error["code"] == "unknown_parameter" and error["param"] == "unknown_field"
+            assert "unknown_field" in error["message"]
+        ignored = {"model": MODEL_ID, "prompt": "a", "max_tokens": 2, "user": "u1"}
+        async with http.post(f"{api_url}/v1/completions", json=ignored) as r:
+            assert r.status == 200  # bookkeeping fields change nothing and are accepted
 
 
 async def _health(api_url: str) -> dict:

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import openai
 import pytest
+import torch
 
 from drift.api.app import ApiConfig, build_api_app
 from drift.api.service import ServiceConfig
@@ -72,6 +73,17 @@ async def test_api_over_swarm(model_dir, local_model) -> None:
         )
         assert resp.choices[0].message.content == text
         assert resp.usage.completion_tokens == n_tokens
+        route = resp.model_extra["drift_route"]  # which servers ran the blocks
+        assert [(r["start_block"], r["end_block"]) for r in route] == [(0, 2), (2, 4)]
+        assert [r["peer_id"] for r in route] == [s.node.peer_id for s in swarm.servers]
+
+        # embeddings through the swarm: the model's own final normed state, mean-pooled
+        emb = await client.embeddings.create(model=MODEL_ID, input="Once upon")
+        ids = torch.tensor([local_model[1]("Once upon")["input_ids"]])
+        with torch.no_grad():
+            final = local_model[0].model(ids).last_hidden_state[0]  # [T, H]
+        ref = torch.nn.functional.normalize(final.mean(0), dim=-1)
+        torch.testing.assert_close(torch.tensor(emb.data[0].embedding), ref, rtol=0, atol=1e-5)
 
         # two requests at once, each with its own sessions, both equal to local transformers
         chat, comp = await asyncio.gather(
@@ -116,6 +128,7 @@ async def test_missing_blocks_is_503(model_dir, local_model) -> None:
             await client.completions.create(model=MODEL_ID, prompt="Once", max_tokens=4)
         assert info.value.status_code == 503
         assert info.value.code == "missing_blocks"
+        assert info.value.response.headers["Retry-After"] == "5"
         assert "2" in info.value.message and "3" in info.value.message
         with pytest.raises(openai.InternalServerError) as info:
             await client.completions.create(

@@ -74,7 +74,7 @@ def test_seeded_sampler_is_reproducible_and_respects_top_p() -> None:
     assert draw == again
 
 
-def test_parse_ignores_unknown_and_rejects_bad_types() -> None:
+def test_parse_refuses_unknown_and_bad_types() -> None:
     req = parse_chat(
         {
             "model": "m",
@@ -82,7 +82,7 @@ def test_parse_ignores_unknown_and_rejects_bad_types() -> None:
             "max_tokens": 5,
             "max_completion_tokens": 7,
             "stop": "x",
-            "whatever": [1],
+            "user": "u",
         }  # fmt: skip
     )
     assert req.messages[0].content == "hi" and req.options.max_tokens == 7
@@ -92,6 +92,13 @@ def test_parse_ignores_unknown_and_rejects_bad_types() -> None:
         ({"model": 3, "messages": [{"role": "user"}]}, "model"),
         ({"model": "m", "messages": [{"role": "user"}], "seed": 1.5}, "seed"),
         ({"model": "m", "messages": [{"role": "user"}], "stream": "yes"}, "stream"),
+        ({"model": "m", "messages": [{"role": "user"}], "whatever": [1]}, "whatever"),
+        ({"model": "m", "messages": [{"role": "robot"}]}, "messages[0].role"),
+        (
+            {"model": "m", "messages": [{"role": "tool", "content": "x"}]},
+            "messages[0].tool_call_id",
+        ),
+        ({"model": "m", "messages": [{"role": "user"}], "logit_bias": {"1": 5}}, "logit_bias"),
     ]:
         with pytest.raises(BadRequest) as info:
             parse_chat(bad)
