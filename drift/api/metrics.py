@@ -11,31 +11,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
+from drift import metrics as m
+from drift.metrics import Histogram
+
 TTFT_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 DURATION_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 RATE_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0)
-
-
-class Histogram:
-    def __init__(self, buckets: tuple[float, ...]) -> None:
-        self.buckets = buckets
-        self.counts = [0] * len(buckets)  # cumulative: observations <= bound
-        self.count = 0
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.count += 1
-        self.sum += value
-        for i, bound in enumerate(self.buckets):
-            if value <= bound:
-                self.counts[i] += 1
-
-    def render(self, name: str) -> list[str]:
-        lines = [
-            f'{name}_bucket{{le="{b}"}} {n}' for b, n in zip(self.buckets, self.counts, strict=True)
-        ]
-        lines.append(f'{name}_bucket{{le="+Inf"}} {self.count}')
-        return [*lines, f"{name}_sum {self.sum:.6f}", f"{name}_count {self.count}"]
 
 
 class ApiMetrics:
@@ -58,26 +39,18 @@ class ApiMetrics:
             self.decode_rate.observe((tokens - 1) / decode_s)
 
     def render(self) -> str:
-        lines = [
-            "# HELP drift_api_requests_total HTTP requests answered, by route and status.",
-            "# TYPE drift_api_requests_total counter",
-        ]
-        for (route, status), n in sorted(self.requests.items()):
-            lines.append(f'drift_api_requests_total{{route="{route}",status="{status}"}} {n}')
-        counters = [("drift_api_prompt_tokens_total", "Prompt tokens read.", self.prompt_tokens),
-                    ("drift_api_completion_tokens_total", "Tokens generated.",
-                     self.completion_tokens)]  # fmt: skip
-        for name, help_text, value in counters:
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter", f"{name} {value}"]
-        histograms = [
-            ("drift_api_time_to_first_token_seconds", "From admission to a choice's first token.",
-             self.ttft),
-            ("drift_api_decode_tokens_per_second", "Tokens per second of each choice after its "
-             "first token.", self.decode_rate),
-            ("drift_api_request_duration_seconds", "Wall time of each /v1 request.", self.duration),
-        ]  # fmt: skip
-        for name, help_text, hist in histograms:
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram", *hist.render(name)]
-        for name, (help_text, read) in self.gauges.items():
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {read()}"]
-        return "\n".join(lines) + "\n"
+        return m.text([
+            *m.requests_counter("drift_api_requests_total",
+                                "HTTP requests answered, by route and status.", self.requests),
+            *m.counter("drift_api_prompt_tokens_total", "Prompt tokens read.", self.prompt_tokens),
+            *m.counter("drift_api_completion_tokens_total", "Tokens generated.",
+                       self.completion_tokens),
+            *m.histogram("drift_api_time_to_first_token_seconds",
+                         "From admission to a choice's first token.", self.ttft),
+            *m.histogram("drift_api_decode_tokens_per_second",
+                         "Tokens per second of each choice after its first token.",
+                         self.decode_rate),
+            *m.histogram("drift_api_request_duration_seconds", "Wall time of each /v1 request.",
+                         self.duration),
+            *m.gauges(self.gauges),
+        ])  # fmt: skip

