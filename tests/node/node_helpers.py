@@ -59,14 +59,13 @@ class Nodes:
             await self.stop(self.running[-1][0])
 
 
-async def wait_for(cond: Callable[[], bool], timeout: float = 10.0, what: str = "") -> float:
-    """Poll `cond` until true; returns seconds waited (AssertionError on timeout)."""
+async def wait_for(cond: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
+    """Poll `cond` until true (AssertionError on timeout)."""
     start = time.monotonic()
     while not cond():
         if time.monotonic() - start > timeout:
             raise AssertionError(f"timed out after {timeout} s waiting for {what or cond}")
         await asyncio.sleep(0.05)
-    return time.monotonic() - start
 
 
 def live_ids(node: MembershipNode) -> set[str]:
