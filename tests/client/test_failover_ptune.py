@@ -5,18 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import torch
-from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
+from transformers import AutoModelForCausalLM, LogitsProcessorList
 
-
-class _KillAt(LogitsProcessor):
-    def __init__(self, at: int, kill) -> None:
-        self.calls, self.at, self.kill = 0, at, kill
-
-    def __call__(self, input_ids, scores):
-        self.calls += 1
-        if self.calls == self.at:
-            self.kill()
-        return scores
+from tests.client.faults import AtStep
 
 
 async def test_server_dies_mid_generation(tiny_dirs, swarm_model):
@@ -37,7 +28,7 @@ async def test_server_dies_mid_generation(tiny_dirs, swarm_model):
 
     out = await asyncio.to_thread(
         model.generate, ids, max_new_tokens=40, do_sample=False,
-        logits_processor=LogitsProcessorList([_KillAt(20, kill)]),
+        logits_processor=LogitsProcessorList([AtStep(20, kill)]),
     )  # fmt: skip
     assert killed and model.client.bans.is_banned(killed[0])
     assert torch.equal(out, ref)

@@ -4,23 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
+from transformers import AutoModelForCausalLM, LogitsProcessorList
 
 from drift.client import AutoDistributedModelForCausalLM
+from tests.client.faults import AtStep
 from tests.client.procs import ServerProc
-
-
-class _At(LogitsProcessor):
-    """Calls `action` when generation reaches its `at`-th step."""
-
-    def __init__(self, at: int, action) -> None:
-        self.calls, self.at, self.action = 0, at, action
-
-    def __call__(self, input_ids, scores):
-        self.calls += 1
-        if self.calls == self.at:
-            self.action()
-        return scores
 
 
 @pytest.mark.slow
@@ -53,7 +41,7 @@ def test_sigkill_server_in_use_mid_generation(tiny_dirs, tmp_path, drift_procs, 
         killed.append(victim.peer_id)
 
     out = model.generate(ids, max_new_tokens=40, do_sample=False,
-                         logits_processor=LogitsProcessorList([_At(20, kill_span_in_use)]))  # fmt: skip
+                         logits_processor=LogitsProcessorList([AtStep(20, kill_span_in_use)]))  # fmt: skip
     assert killed and model.client.bans.is_banned(killed[0])
     assert torch.equal(out, clean)
     assert torch.equal(out, ref)
