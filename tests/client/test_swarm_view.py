@@ -77,7 +77,7 @@ class Table:
 
 def doctored_table(member: DoctoredMember) -> Table:
     now, url = time.time(), member.token.url
-    fresh = dict(num_blocks=4, expires_at=now + 60, addrs=[url])
+    fresh: dict[str, Any] = dict(num_blocks=4, expires_at=now + 60, addrs=[url])
     other = Identity.generate()
     own = make_record(member.identity, span=(0, 2), seq=7, throughput=10.0, **fresh)
     fields = own.fields() | {"seq": 9, "end_block": 4, "throughput": 500.0}
