@@ -70,7 +70,7 @@ async def bench_swarm(args: argparse.Namespace) -> None:
     from drift.api.swarm import swarm_engine
     from drift.client import AutoDistributedModelForCausalLM
     from drift.models.checkpoint import open_checkpoint
-    from tests.client.conftest import start_swarm, stop_swarm
+    from tests.client.swarms import start_swarm, stop_swarm
 
     ckpt = open_checkpoint(args.swarm)
     half = ckpt.config.num_hidden_layers // 2

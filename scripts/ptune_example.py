@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from drift.client import AutoDistributedModelForCausalLM  # noqa: E402
-from tests.client.conftest import start_swarm, stop_swarm  # noqa: E402
+from tests.client.swarms import start_swarm, stop_swarm  # noqa: E402
 from tests.tiny_models import save_tiny  # noqa: E402
 
 

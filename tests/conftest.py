@@ -50,3 +50,58 @@ def gemma3_cache(tmp_path_factory):
     cache = tmp_path_factory.mktemp("drift-cache-gemma3")
     open_checkpoint("gemma3-270m", cache_dir=cache)
     return cache
+
+
+@pytest.fixture
+async def nodes():
+    """`await nodes.start(*seeds, **node_config)`: membership nodes on 127.0.0.1
+    (tests/node/node_helpers.py); every node started is stopped at teardown."""
+    from tests.node.node_helpers import Nodes
+
+    started = Nodes()
+    try:
+        yield started
+    finally:
+        await started.stop_all()
+
+
+@pytest.fixture
+async def servers():
+    """`await servers(model_dir, start, end, **config)`: real block servers on 127.0.0.1
+    (tests/server/harness.py); every server started is stopped at teardown."""
+    from tests.server.harness import RunningServer, start_block_server
+
+    started: list[RunningServer] = []
+
+    async def start(model_dir, start_block, end_block, **overrides):
+        running = await start_block_server(model_dir, start_block, end_block, **overrides)
+        started.append(running)
+        return running
+
+    try:
+        yield start
+    finally:
+        while started:
+            await started.pop().stop()
+
+
+@pytest.fixture
+def drift_procs():
+    """A list for the `drift` processes (tests/procs.py DriftProc) a test starts; each is
+    killed at teardown."""
+    started: list = []
+    yield started
+    for proc in started:
+        proc.kill()
+
+
+@pytest.fixture
+def popens():
+    """A list for the subprocess.Popen processes a test starts; each still running is
+    killed, and every one reaped, at teardown."""
+    started: list = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)

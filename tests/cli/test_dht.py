@@ -7,7 +7,6 @@ import os
 import re
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -77,52 +76,58 @@ async def start_dht(cache: Path, *args: str) -> DhtProcess:
     return DhtProcess(proc)
 
 
-@pytest.mark.timeout(90)
-async def test_dht_processes_join_leave_and_expire(tmp_path: Path) -> None:
-    nodes = Nodes()
-    procs: list[DhtProcess] = []
+@pytest.fixture
+async def dhts():
+    """`await dhts(cache, *args)` -> a started `drift dht`; each killed and reaped at teardown."""
+    started: list[DhtProcess] = []
+
+    async def start(cache: Path, *args: str) -> DhtProcess:
+        started.append(await start_dht(cache, *args))
+        return started[-1]
+
     try:
-        seed, _ = await nodes.start()
-        seed_token = seed.join_token().to_drift()
-        key_a = tmp_path / "a.key"
-        a = await start_dht(tmp_path, "--identity_path", str(key_a), "--initial_peers", seed_token)
-        b = await start_dht(tmp_path, "--initial_peers", seed.join_token().to_multiaddr())
-        procs += [a, b]
-        id_a = parse_join_token(await a.ready()).peer_id
-        id_b = parse_join_token(await b.ready()).peer_id
-        assert key_a.exists() and oct(key_a.stat().st_mode & 0o777) == "0o600"
-        await wait_for(lambda: {id_a, id_b} <= live_ids(seed), 15, "processes to join")
-
-        # Ctrl+C: the offline record reaches the seed at once
-        a.proc.send_signal(signal.SIGINT)
-        t0 = time.monotonic()
-        await wait_for(lambda: id_a not in live_ids(seed), 1.5, "SIGINT node to leave")
-        assert time.monotonic() - t0 < 1.5
-        assert seed.table.get(id_a) is not None and seed.table.get(id_a).state == "offline"  # type: ignore[union-attr]
-        assert await a.wait() == 0
-
-        # SIGKILL: no offline record; the node disappears only when its record expires
-        b.proc.kill()
-        await b.wait()
-        t0 = time.monotonic()
-        await asyncio.sleep(0.3)
-        assert id_b in live_ids(seed)
-        await wait_for(lambda: id_b not in live_ids(seed), 5, "SIGKILLed node to expire")
-
-        # restart with the same identity file: same peer id, joins again
-        again = await start_dht(
-            tmp_path, "--identity_path", str(key_a), "--initial_peers", seed_token
-        )
-        procs.append(again)
-        assert parse_join_token(await again.ready()).peer_id == id_a
-        await wait_for(lambda: id_a in live_ids(seed), 10, "restarted node to rejoin")
-        again.proc.send_signal(signal.SIGTERM)
-        assert await again.wait() == 0
+        yield start
     finally:
-        for p in procs:
+        for p in started:
             p.kill()
             await p.wait()
-        await nodes.stop_all()
+
+
+@pytest.mark.timeout(90)
+async def test_dht_processes_join_leave_and_expire(tmp_path: Path, nodes: Nodes, dhts) -> None:
+    seed, _ = await nodes.start()
+    seed_token = seed.join_token().to_drift()
+    key_a = tmp_path / "a.key"
+    a = await dhts(tmp_path, "--identity_path", str(key_a), "--initial_peers", seed_token)
+    b = await dhts(tmp_path, "--initial_peers", seed.join_token().to_multiaddr())
+    id_a = parse_join_token(await a.ready()).peer_id
+    id_b = parse_join_token(await b.ready()).peer_id
+    assert key_a.exists() and oct(key_a.stat().st_mode & 0o777) == "0o600"
+    await wait_for(lambda: {id_a, id_b} <= live_ids(seed), 15, "processes to join")
+
+    # Ctrl+C: the node publishes a signed offline record to the seed and exits cleanly (a
+    # record that merely expired would not read "offline": the seed never saw one)
+    a.proc.send_signal(signal.SIGINT)
+    await wait_for(lambda: id_a not in live_ids(seed), 10, "SIGINT node to leave")
+    assert seed.table.get(id_a) is not None and seed.table.get(id_a).state == "offline"  # type: ignore[union-attr]
+    assert await a.wait() == 0
+    assert any("left the swarm (offline record sent to" in line for line in a.lines), a.lines
+
+    # SIGKILL: no offline record; the node disappears only when its record expires
+    b.proc.kill()
+    await b.wait()
+    await asyncio.sleep(0.3)
+    assert id_b in live_ids(seed)
+    await wait_for(lambda: id_b not in live_ids(seed), 5, "SIGKILLed node to expire")
+    gone = seed.table.get(id_b)
+    assert gone is None or gone.state == "online"  # expired, never published offline
+
+    # restart with the same identity file: same peer id, joins again
+    again = await dhts(tmp_path, "--identity_path", str(key_a), "--initial_peers", seed_token)
+    assert parse_join_token(await again.ready()).peer_id == id_a
+    await wait_for(lambda: id_a in live_ids(seed), 10, "restarted node to rejoin")
+    again.proc.send_signal(signal.SIGTERM)
+    assert await again.wait() == 0
 
 
 def test_dht_help_and_bad_arguments() -> None:

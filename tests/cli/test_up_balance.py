@@ -7,7 +7,6 @@ import pytest
 
 from drift.cli._up_loops import balance_once, rebalance_target
 from tests.node.node_helpers import wait_for
-from tests.server.harness import start_block_server
 from tests.tiny_models import save_tiny
 
 
@@ -16,31 +15,23 @@ def spans(node) -> dict[str, tuple[int, int] | None]:
 
 
 @pytest.mark.timeout(120)
-async def test_redundant_server_moves_to_weak_blocks(tmp_path):
+async def test_redundant_server_moves_to_weak_blocks(tmp_path, servers):
     model = save_tiny("llama", tmp_path / "llama")  # 4 blocks
-    started = []
-    try:
-        a = await start_block_server(model, 0, 2, throughput=100.0)
-        started.append(a)
-        token = (a.node.join_token(),)
-        b = await start_block_server(model, 0, 2, throughput=100.0, initial_peers=token)
-        started.append(b)
-        c = await start_block_server(model, 2, 4, throughput=50.0, initial_peers=token)
-        started.append(c)
-        await wait_for(lambda: len(spans(a.node)) == 3, 20, "three servers in a's table")
+    a = await servers(model, 0, 2, throughput=100.0)
+    token = (a.node.join_token(),)
+    b = await servers(model, 0, 2, throughput=100.0, initial_peers=token)
+    await servers(model, 2, 4, throughput=50.0, initial_peers=token)
+    await wait_for(lambda: len(spans(a.node)) == 3, 20, "three servers in a's table")
 
-        # blocks 0-1 run at 200, 2-3 at 50: unbalanced for min_ratio 0.9, but not for 0.2
-        assert rebalance_target(a.node, a.server, min_ratio=0.2) is None
-        assert await balance_once(a.node, a.server, None, min_ratio=0.2) is None
-        assert (a.server.backend.start_block, a.server.backend.end_block) == (0, 2)
+    # blocks 0-1 run at 200, 2-3 at 50: unbalanced for min_ratio 0.9, but not for 0.2
+    assert rebalance_target(a.node, a.server, min_ratio=0.2) is None
+    assert await balance_once(a.node, a.server, None, min_ratio=0.2) is None
+    assert (a.server.backend.start_block, a.server.backend.end_block) == (0, 2)
 
-        moved = await balance_once(a.node, a.server, None, min_ratio=0.9, drain_timeout_s=5)
-        assert moved == (2, 4)
-        assert (a.server.backend.start_block, a.server.backend.end_block) == (2, 4)
-        assert spans(a.node)[a.node.peer_id] == (2, 4)  # re-announced
-        await wait_for(lambda: spans(b.node).get(a.node.peer_id) == (2, 4), 20, "gossip")
-        # a already sits where the swarm is weakest without it: it stays
-        assert await balance_once(a.node, a.server, None, min_ratio=0.9) is None
-    finally:
-        for running in started:
-            await running.stop()
+    moved = await balance_once(a.node, a.server, None, min_ratio=0.9, drain_timeout_s=5)
+    assert moved == (2, 4)
+    assert (a.server.backend.start_block, a.server.backend.end_block) == (2, 4)
+    assert spans(a.node)[a.node.peer_id] == (2, 4)  # re-announced
+    await wait_for(lambda: spans(b.node).get(a.node.peer_id) == (2, 4), 20, "gossip")
+    # a already sits where the swarm is weakest without it: it stays
+    assert await balance_once(a.node, a.server, None, min_ratio=0.9) is None

@@ -61,14 +61,6 @@ def env(cache) -> dict[str, str]:
                 PYTHONPATH=str(Path.cwd()))  # fmt: skip
 
 
-@pytest.fixture
-def procs():
-    started: list[DriftProc] = []
-    yield started
-    for p in started:
-        p.kill()
-
-
 def drift(
     env: dict[str, str], *args: str, timeout: float = 180
 ) -> subprocess.CompletedProcess[str]:
@@ -77,21 +69,21 @@ def drift(
 
 
 @pytest.mark.slow
-def test_up_join_generate_restart_down(cache, reference_text, env, procs, tmp_path):
+def test_up_join_generate_restart_down(cache, reference_text, env, drift_procs, tmp_path):
     port1 = free_port()
     first = ["up", "smollm2", "--host", "127.0.0.1", "--port", str(port1), "--num_blocks", "15",
              "--identity_path", str(tmp_path / "a.key"), "--throughput", "100"]  # fmt: skip
-    procs.append(DriftProc(first, env))
-    token = procs[0].wait_for(TOKEN_RE).group(1)
+    drift_procs.append(DriftProc(first, env))
+    token = drift_procs[0].wait_for(TOKEN_RE).group(1)
     assert f"127.0.0.1:{port1}" in token
-    procs[0].wait_for(r"blocks missing: 15-29")
+    drift_procs[0].wait_for(r"blocks missing: 15-29")
 
     second = ["up", "smollm2", "--join", token, "--host", "127.0.0.1", "--port", "0",
               "--num_blocks", "15", "--identity_path", str(tmp_path / "b.key"),
               "--throughput", "100", "--start_delay", "0.5"]  # fmt: skip
-    procs.append(DriftProc(second, env))
-    procs[1].wait_for(r"serving blocks \[15, 30\)")  # the missing half, chosen from the table
-    procs[0].wait_for(r"all 30 blocks are served")
+    drift_procs.append(DriftProc(second, env))
+    drift_procs[1].wait_for(r"serving blocks \[15, 30\)")  # the missing half, chosen from the table
+    drift_procs[0].wait_for(r"all 30 blocks are served")
 
     status = drift(env, "status", "--initial_peers", token)
     assert status.returncode == 0, status.stderr
@@ -103,19 +95,19 @@ def test_up_join_generate_restart_down(cache, reference_text, env, procs, tmp_pa
     assert gen.stdout.strip() == reference_text.strip() != ""
 
     # Restart the first node: same identity, same port, so the same join token.
-    procs[0].popen.terminate()
-    assert procs[0].popen.wait(timeout=60) == 0
-    procs[0] = DriftProc(first, env)
-    assert procs[0].wait_for(TOKEN_RE).group(1) == token
+    drift_procs[0].popen.terminate()
+    assert drift_procs[0].popen.wait(timeout=60) == 0
+    drift_procs[0] = DriftProc(first, env)
+    assert drift_procs[0].wait_for(TOKEN_RE).group(1) == token
 
     listed = drift(env, "down", "--list")
     assert listed.returncode == 0
-    pids = {str(p.popen.pid) for p in procs}
+    pids = {str(p.popen.pid) for p in drift_procs}
     assert all(f"pid {pid}" in listed.stdout for pid in pids), listed.stdout
 
     down = drift(env, "down", "--timeout", "30")
     assert down.returncode == 0, down.stdout + down.stderr
-    assert [p.popen.wait(timeout=30) for p in procs] == [0, 0]
+    assert [p.popen.wait(timeout=30) for p in drift_procs] == [0, 0]
     assert read_records(cache) == []
 
 

@@ -1,94 +1,54 @@
-"""Fixtures for client tests: tiny checkpoints and a swarm of real block servers on loopback.
-
-Every block server comes from the server harness (tests/server/harness.py), so it runs the
-real membership node app. The first server is the seed; the others join it with its join
-token, and the client gets that same token as initial_peers.
-"""
+"""Fixtures for client tests: tiny checkpoints, swarms of real block servers on loopback
+(tests/client/swarms.py) and SDK models opened on them, all stopped and closed at teardown."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from drift.models.checkpoint import open_checkpoint
-from tests.server.harness import RunningServer, start_block_server
+
+# start_swarm, stop_swarm: tests/api/test_swarm.py still imports them from here (tests/api is
+# being rewritten apart from this change); everything else imports tests.client.swarms.
+from tests.client.swarms import SdkModels, Swarms, start_swarm, stop_swarm  # noqa: F401
 from tests.tiny_models import save_tiny
 
 
-@dataclass
-class Swarm:
-    model_dir: Path
-    fingerprint: str
-    num_blocks: int
-    swarm_key: str | None = None
-    servers: list[RunningServer] = field(default_factory=list)
-    stopped: set[str] = field(default_factory=set)
-
-    @property
-    def seed(self) -> RunningServer:
-        return self.servers[0]
-
-    @property
-    def token(self) -> str:
-        """The seed's real join token (without the key: tests pass swarm_key= explicitly)."""
-        return self.seed.node.join_token().to_drift(with_key=False)
-
-    def by_peer(self, peer_id: str) -> RunningServer:
-        return next(s for s in self.servers if s.node.peer_id == peer_id)
-
-    async def add_server(self, start: int, end: int, **kw: Any) -> RunningServer:
-        peers = (self.seed.node.join_token(),) if self.servers else ()
-        running = await start_block_server(
-            self.model_dir, start, end, swarm_key=self.swarm_key, initial_peers=peers, **kw
-        )
-        self.servers.append(running)
-        await wait_for_members(self.seed, {s.node.peer_id for s in self.servers})
-        return running
-
-    async def stop(self, running: RunningServer) -> None:
-        if running.node.peer_id not in self.stopped:
-            self.stopped.add(running.node.peer_id)
-            await running.stop()
-
-
-async def wait_for_members(seed: RunningServer, peer_ids: set[str], timeout_s: float = 10.0):
-    """Until the seed's own table lists every server in `peer_ids` as online with a span."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        online = {
-            r.peer_id
-            for r in seed.node.live_records()
-            if r.state == "online" and r.end_block is not None
-        }
-        if peer_ids <= online:
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"seed lists {sorted(online)}, waiting for {sorted(peer_ids)}")
-        await asyncio.sleep(0.05)
-
-
-async def start_swarm(
-    model_dir: Path, spans: list[tuple[int, int]], *, swarm_key: str | None = None
-) -> Swarm:
-    ckpt = open_checkpoint(str(model_dir))
-    swarm = Swarm(model_dir, ckpt.fingerprint, ckpt.config.num_hidden_layers, swarm_key)
+@pytest.fixture
+async def swarms() -> AsyncIterator[Swarms]:
+    """`await swarms.start(model_dir, spans, swarm_key=None, **server_config)` -> Swarm;
+    every server of every swarm started is stopped at teardown, also when the test fails."""
+    started = Swarms()
     try:
-        for start, end in spans:
-            await swarm.add_server(start, end)
-    except BaseException:
-        await stop_swarm(swarm)
-        raise
-    return swarm
+        yield started
+    finally:
+        await started.stop_all()
 
 
-async def stop_swarm(swarm: Swarm) -> None:
-    for running in reversed(swarm.servers):
-        await swarm.stop(running)
+@pytest.fixture
+async def sdk_models(swarms: Swarms) -> AsyncIterator[SdkModels]:
+    """`await sdk_models.open(name_or_dir, initial_peers, cls=..., **kw)` -> model, opened in
+    a thread; all closed at teardown, before `swarms` stops their servers."""
+    opened = SdkModels()
+    try:
+        yield opened
+    finally:
+        await opened.close_all()
+
+
+@pytest.fixture
+def swarm_model(swarms: Swarms, sdk_models: SdkModels):
+    """`await swarm_model(model_dir, spans, **from_pretrained_kw)` -> (swarm, model): a swarm
+    and a causal LM (or `cls=`) opened on its seed; both end with the fixtures above."""
+
+    async def start(model_dir: Path, spans: list[tuple[int, int]], **kwargs: Any):
+        swarm = await swarms.start(model_dir, spans)
+        return swarm, await sdk_models.open(model_dir, swarm.token, **kwargs)
+
+    return start
 
 
 @pytest.fixture(scope="session")

@@ -17,9 +17,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from drift.client import AutoDistributedModelForCausalLM
-from tests.client.conftest import start_swarm, stop_swarm
-
 pytestmark = pytest.mark.timeout(180)
 
 PROMPTS = [[5, 6, 7, 8, 9], [11, 12], [40, 41, 42, 43, 44, 45, 46], [200, 3, 17]]
@@ -55,88 +52,70 @@ def _run_together(fns: list) -> list:
         return [f.result() for f in [pool.submit(call, fn) for fn in fns]]
 
 
-async def test_concurrent_generate_on_one_model(tiny_dirs):
+async def test_concurrent_generate_on_one_model(tiny_dirs, swarm_model):
     model_dir = tiny_dirs("llama")
     local = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     prompts = [torch.tensor([p]) for p in PROMPTS]
     refs = [local.generate(ids, max_new_tokens=12, do_sample=False) for ids in prompts]
-    swarm = await start_swarm(model_dir, [(0, 2), (2, 4)])
-    try:
-        model = await asyncio.to_thread(
-            AutoDistributedModelForCausalLM.from_pretrained, model_dir, initial_peers=swarm.token
-        )
-        try:
+    swarm, model = await swarm_model(model_dir, [(0, 2), (2, 4)])
 
-            def gen(ids):
-                return lambda: model.generate(ids, max_new_tokens=12, do_sample=False)
+    def gen(ids):
+        return lambda: model.generate(ids, max_new_tokens=12, do_sample=False)
 
-            sequential = [await asyncio.to_thread(gen(ids)) for ids in prompts]
-            assert await _wait_no_sessions(swarm) == [0, 0]
-            for _ in range(2):  # twice: a finishing call must not close another's session
-                together = await asyncio.to_thread(_run_together, [gen(ids) for ids in prompts])
-                for out, seq, ref in zip(together, sequential, refs, strict=True):
-                    assert torch.equal(out, seq)
-                    assert torch.equal(out, ref)
-            assert await _wait_no_sessions(swarm) == [0, 0]
-        finally:
-            await asyncio.to_thread(model.close)
-    finally:
-        await stop_swarm(swarm)
+    sequential = [await asyncio.to_thread(gen(ids)) for ids in prompts]
+    assert await _wait_no_sessions(swarm) == [0, 0]
+    for _ in range(2):  # twice: a finishing call must not close another's session
+        together = await asyncio.to_thread(_run_together, [gen(ids) for ids in prompts])
+        for out, seq, ref in zip(together, sequential, refs, strict=True):
+            assert torch.equal(out, seq)
+            assert torch.equal(out, ref)
+    assert await _wait_no_sessions(swarm) == [0, 0]
 
 
-async def test_inference_session_is_per_thread_and_explicit(tiny_dirs):
+async def test_inference_session_is_per_thread_and_explicit(tiny_dirs, swarm_model):
     model_dir = tiny_dirs("llama")
     local = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     prompts = [torch.tensor([p]) for p in PROMPTS[:3]]
     refs = [local.generate(ids, max_new_tokens=8, do_sample=False) for ids in prompts]
-    swarm = await start_swarm(model_dir, [(0, 2), (2, 4)])
-    try:
-        model = await asyncio.to_thread(
-            AutoDistributedModelForCausalLM.from_pretrained, model_dir, initial_peers=swarm.token
-        )
-        try:
+    swarm, model = await swarm_model(model_dir, [(0, 2), (2, 4)])
 
-            def in_session(ids):
-                def run():
-                    with model.inference_session(max_length=32):
-                        first = model.generate(ids, max_new_tokens=4, do_sample=False)
-                        second = model.generate(None, max_new_tokens=4, do_sample=False)
-                    return first, second
+    def in_session(ids):
+        def run():
+            with model.inference_session(max_length=32):
+                first = model.generate(ids, max_new_tokens=4, do_sample=False)
+                second = model.generate(None, max_new_tokens=4, do_sample=False)
+            return first, second
 
-                return run
+        return run
 
-            def explicit(ids):
-                def run():
-                    with model.open_session(max_length=32) as session:
-                        first = model.generate(ids, max_new_tokens=4, session=session)
-                        # another thread continues this thread's session
-                        with ThreadPoolExecutor(1) as pool:
-                            second = pool.submit(
-                                model.generate, None, max_new_tokens=4, session=session
-                            ).result()
-                        assert session.position == ids.shape[1] + 7
-                    return first, second
+    def explicit(ids):
+        def run():
+            with model.open_session(max_length=32) as session:
+                first = model.generate(ids, max_new_tokens=4, session=session)
+                # another thread continues this thread's session
+                with ThreadPoolExecutor(1) as pool:
+                    second = pool.submit(
+                        model.generate, None, max_new_tokens=4, session=session
+                    ).result()
+                assert session.position == ids.shape[1] + 7
+            return first, second
 
-                return run
+        return run
 
-            fns = [in_session(prompts[0]), in_session(prompts[1]), explicit(prompts[2])]
-            results = await asyncio.to_thread(_run_together, fns)
-            for (first, second), ids, ref in zip(results, prompts, refs, strict=True):
-                assert torch.equal(first, ref[:, : ids.shape[1] + 4])
-                assert torch.equal(second, ref)
-            assert await _wait_no_sessions(swarm) == [0, 0]
+    fns = [in_session(prompts[0]), in_session(prompts[1]), explicit(prompts[2])]
+    results = await asyncio.to_thread(_run_together, fns)
+    for (first, second), ids, ref in zip(results, prompts, refs, strict=True):
+        assert torch.equal(first, ref[:, : ids.shape[1] + 4])
+        assert torch.equal(second, ref)
+    assert await _wait_no_sessions(swarm) == [0, 0]
 
-            def nested():
+    def nested():
+        with model.inference_session(max_length=8):
+            with pytest.raises(RuntimeError, match="already active in this thread"):
                 with model.inference_session(max_length=8):
-                    with pytest.raises(RuntimeError, match="already active in this thread"):
-                        with model.inference_session(max_length=8):
-                            pass
-                with pytest.raises(ValueError, match="session= or cache="):
-                    with model.open_session(max_length=8) as s:
-                        model.generate(prompts[0], session=s, cache=model.cache_for(s))
+                    pass
+        with pytest.raises(ValueError, match="session= or cache="):
+            with model.open_session(max_length=8) as s:
+                model.generate(prompts[0], session=s, cache=model.cache_for(s))
 
-            await asyncio.to_thread(nested)
-        finally:
-            await asyncio.to_thread(model.close)
-    finally:
-        await stop_swarm(swarm)
+    await asyncio.to_thread(nested)

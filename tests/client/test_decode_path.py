@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import torch
 
-from tests.client.test_model import _local, _with_model
+from tests.server.reference import load_reference
 
 
-async def test_logits_to_keep_matches_local(tiny_dirs):
+async def test_logits_to_keep_matches_local(tiny_dirs, swarm_model):
     model_dir = tiny_dirs("llama")
-    local = _local(model_dir)
+    local = load_reference(model_dir)
     ids = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(3))
 
-    def check(model, swarm):
+    def check(model):
         assert model._supports_logits_to_keep()  # generate() asks for the last position only
         with torch.no_grad():
             ref = local(ids).logits
@@ -26,4 +28,5 @@ async def test_logits_to_keep_matches_local(tiny_dirs):
         greedy = model.generate(ids, max_new_tokens=5, do_sample=False)
         assert torch.equal(greedy, local.generate(ids, max_new_tokens=5, do_sample=False))
 
-    await _with_model(model_dir, [(0, 2), (2, 4)], check)
+    _, model = await swarm_model(model_dir, [(0, 2), (2, 4)])
+    await asyncio.to_thread(check, model)

@@ -8,16 +8,13 @@ client open the model by its alias in one shared cache, as `drift server gemma3-
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 import drift
-from drift.client import AutoDistributedModelForCausalLM
 from drift.models.checkpoint import open_checkpoint
-from tests.client.conftest import Swarm, stop_swarm
 
 pytestmark = pytest.mark.slow
 
@@ -27,20 +24,7 @@ ALIAS = "gemma3-270m"
 SPANS = [(0, 6), (6, 18)]
 
 
-async def _alias_swarm(cache: Path, fingerprint: str) -> Swarm:
-    """Two harness servers opening the alias in `cache` (start_swarm opens paths only)."""
-    swarm = Swarm(Path(ALIAS), fingerprint, 18)
-    try:
-        for start, end in SPANS:
-            running = await swarm.add_server(start, end, cache_dir=cache)
-            assert running.server.backend.fingerprint == fingerprint
-    except BaseException:
-        await stop_swarm(swarm)
-        raise
-    return swarm
-
-
-async def test_gemma3_matches_transformers(gemma3_cache):
+async def test_gemma3_matches_transformers(gemma3_cache, swarms, sdk_models):
     ckpt = open_checkpoint(ALIAS, cache_dir=gemma3_cache)
     local = AutoModelForCausalLM.from_pretrained(
         ckpt.path, dtype=torch.float32, attn_implementation="sdpa"
@@ -51,7 +35,8 @@ async def test_gemma3_matches_transformers(gemma3_cache):
     tokenizer.padding_side = "left"
     batch = tokenizer([SECOND, PROMPT], return_tensors="pt", padding=True)
     assert batch.attention_mask[1, 0] == 0  # the shorter prompt is left-padded
-    swarm = await _alias_swarm(gemma3_cache, ckpt.fingerprint)
+    swarm = await swarms.start(ALIAS, SPANS, cache_dir=gemma3_cache)
+    assert [s.server.backend.fingerprint for s in swarm.servers] == [ckpt.fingerprint] * 2
 
     def check(model):
         assert model.config.model_type == "gemma3_text"
@@ -69,14 +54,5 @@ async def test_gemma3_matches_transformers(gemma3_cache):
         padded = dict(batch, max_new_tokens=8, do_sample=False, pad_token_id=pad)
         assert torch.equal(model.generate(**padded), local.generate(**padded))
 
-    try:
-        model = await asyncio.to_thread(
-            AutoDistributedModelForCausalLM.from_pretrained, ALIAS,
-            initial_peers=swarm.token, cache_dir=gemma3_cache,
-        )  # fmt: skip
-        try:
-            await asyncio.to_thread(check, model)
-        finally:
-            await asyncio.to_thread(model.close)
-    finally:
-        await stop_swarm(swarm)
+    model = await sdk_models.open(ALIAS, swarm.token, cache_dir=gemma3_cache)
+    await asyncio.to_thread(check, model)

@@ -6,37 +6,17 @@ import asyncio
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
-from drift.client import AutoDistributedModelForCausalLM
-from tests.client.conftest import start_swarm, stop_swarm
-
-
-def _local(model_dir):
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-
-
-async def _with_model(model_dir, spans, fn):
-    swarm = await start_swarm(model_dir, spans)
-    try:
-        model = await asyncio.to_thread(
-            AutoDistributedModelForCausalLM.from_pretrained, model_dir, initial_peers=swarm.token
-        )
-        try:
-            return await asyncio.to_thread(fn, model, swarm)
-        finally:
-            await asyncio.to_thread(model.close)
-    finally:
-        await stop_swarm(swarm)
+from tests.server.reference import load_reference
 
 
 @pytest.mark.parametrize("family", ["llama"])
-async def test_logits_match_local(tiny_dirs, family):
+async def test_logits_match_local(tiny_dirs, family, swarm_model):
     model_dir = tiny_dirs(family)
-    local = _local(model_dir)
+    local = load_reference(model_dir)
     ids = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(0))
 
-    def check(model, swarm):
+    def check(model):
         with torch.no_grad():
             out = model(ids)
             ref = local(ids)
@@ -45,7 +25,8 @@ async def test_logits_match_local(tiny_dirs, family):
         ref_greedy = local.generate(ids, max_new_tokens=6, do_sample=False)
         assert torch.equal(greedy, ref_greedy)
 
-    await _with_model(model_dir, [(0, 2), (2, 4)], check)
+    _, model = await swarm_model(model_dir, [(0, 2), (2, 4)])
+    await asyncio.to_thread(check, model)
 
 
 @pytest.mark.parametrize(
@@ -53,19 +34,20 @@ async def test_logits_match_local(tiny_dirs, family):
     ["qwen2", "mistral", "gemma2", "falcon", "bloom", "gemma3_text", "mixtral", "qwen3",
      "qwen3_moe", "deepseek_v3", "falcon_alibi"],
 )  # fmt: skip
-async def test_families_logits_and_greedy(tiny_dirs, family):
+async def test_families_logits_and_greedy(tiny_dirs, family, swarm_model):
     model_dir = tiny_dirs(family)
-    local = _local(model_dir)
+    local = load_reference(model_dir)
     ids = torch.randint(0, 256, (1, 6), generator=torch.Generator().manual_seed(1))
 
-    def check(model, swarm):
+    def check(model):
         with torch.no_grad():
             assert (model(ids).logits - local(ids).logits).abs().max() < 1e-4
         ref = local.generate(ids, max_new_tokens=6, do_sample=False)
         assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), ref)
 
     n = _num_layers(local)
-    await _with_model(model_dir, [(0, 2), (2, n)], check)
+    _, model = await swarm_model(model_dir, [(0, 2), (2, n)])
+    await asyncio.to_thread(check, model)
 
 
 def _num_layers(local) -> int:
@@ -73,12 +55,12 @@ def _num_layers(local) -> int:
     return int(getattr(cfg, "num_hidden_layers", None) or cfg.n_layer)
 
 
-async def test_generate_modes(tiny_dirs):
+async def test_generate_modes(tiny_dirs, swarm_model):
     model_dir = tiny_dirs("llama")
-    local = _local(model_dir)
+    local = load_reference(model_dir)
     ids = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(2))
 
-    def check(model, swarm):
+    def check(model):
         for kw in (
             dict(do_sample=True, top_k=20, temperature=0.9),
             dict(num_beams=3, do_sample=False),
@@ -98,44 +80,47 @@ async def test_generate_modes(tiny_dirs):
         assert torch.equal(first, ref[:, :9])
         assert torch.equal(second, ref)
 
-    await _with_model(model_dir, [(0, 2), (2, 4)], check)
+    _, model = await swarm_model(model_dir, [(0, 2), (2, 4)])
+    await asyncio.to_thread(check, model)
 
 
-async def test_padded_batch_matches_each_prompt_alone(tiny_dirs):
+async def test_padded_batch_matches_each_prompt_alone(tiny_dirs, swarm_model):
     model_dir = tiny_dirs("llama")
-    local = _local(model_dir)
+    local = load_reference(model_dir)
     a = torch.tensor([[5, 6, 7, 8, 9]])
     b = torch.tensor([[11, 12]])
     ids = torch.tensor([[5, 6, 7, 8, 9], [0, 0, 0, 11, 12]])
     mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 0, 1, 1]])
 
-    def check(model, swarm):
+    def check(model):
         out = model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False)
         ref_a = local.generate(a, max_new_tokens=5, do_sample=False)
         ref_b = local.generate(b, max_new_tokens=5, do_sample=False)
         assert torch.equal(out[0], ref_a[0])
         assert torch.equal(out[1, 3:], ref_b[0])
 
-    await _with_model(model_dir, [(0, 3), (3, 4)], check)
+    _, model = await swarm_model(model_dir, [(0, 3), (3, 4)])
+    await asyncio.to_thread(check, model)
 
 
-async def test_missing_blocks_named(tiny_dirs):
+async def test_missing_blocks_named(tiny_dirs, swarm_model):
     from drift.wire.errors import MissingBlocks
 
     model_dir = tiny_dirs("llama")
 
-    def check(model, swarm):
+    def check(model):
         with pytest.raises(MissingBlocks, match="2-3"):
             model(torch.tensor([[1, 2, 3]]))
 
-    await _with_model(model_dir, [(0, 2)], check)
+    _, model = await swarm_model(model_dir, [(0, 2)])
+    await asyncio.to_thread(check, model)
 
 
-async def test_sliced_layers_and_gradients(tiny_dirs):
+async def test_sliced_layers_and_gradients(tiny_dirs, swarm_model):
     model_dir = tiny_dirs("llama")
-    local = _local(model_dir)
+    local = load_reference(model_dir)
 
-    def check(model, swarm):
+    def check(model):
         hidden = torch.randn(2, 4, 64, requires_grad=True)
         out = model.model.layers[1:3](hidden)
         ref_in = hidden.detach().clone().requires_grad_(True)
@@ -154,16 +139,17 @@ async def test_sliced_layers_and_gradients(tiny_dirs):
         ref.square().sum().backward()
         assert (hidden.grad - ref_in.grad).abs().max() < 1e-4
 
-    await _with_model(model_dir, [(0, 2), (2, 4)], check)
+    _, model = await swarm_model(model_dir, [(0, 2), (2, 4)])
+    await asyncio.to_thread(check, model)
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma2"])
-async def test_output_hidden_states_are_first_and_last_of_hf(tiny_dirs, family):
+async def test_output_hidden_states_are_first_and_last_of_hf(tiny_dirs, family, swarm_model):
     model_dir = tiny_dirs(family)
-    local = _local(model_dir)
+    local = load_reference(model_dir)
     ids = torch.tensor([[3, 14, 15, 92, 65]])
 
-    def check(model, swarm):
+    def check(model):
         with torch.no_grad():
             plain = model(ids)
             out = model(ids, output_hidden_states=True)
@@ -177,4 +163,5 @@ async def test_output_hidden_states_are_first_and_last_of_hf(tiny_dirs, family):
             mid = model.model.layers[:2](out.hidden_states[0])
         assert (mid - ref.hidden_states[2]).abs().max() < 1e-4
 
-    await _with_model(model_dir, [(0, 2), (2, 4)], check)
+    _, model = await swarm_model(model_dir, [(0, 2), (2, 4)])
+    await asyncio.to_thread(check, model)

@@ -2,14 +2,15 @@
 
 The ```python block is extracted from README.md, its peers string replaced by a real join
 token (two in-process block servers of the alias, 0:15 and 15:30), and executed; what it prints and its
-logits must equal local transformers. Skips, printing the runnable text it expects, while
-the README's block differs from EXPECTED (e.g. uses an undefined `path`).
+logits must equal local transformers. A README block that differs from EXPECTED fails (in
+the fast run too), showing the difference: README and this copy change together.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import io
 import re
 from pathlib import Path
@@ -17,10 +18,6 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-
-from tests.client.conftest import start_swarm, stop_swarm
-
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 PEERS_LINE = 'peers = "drift://12D3KooW...@192.168.1.10:31337"'
@@ -49,29 +46,40 @@ def readme_python_block() -> str:
     return match.group(1)
 
 
-async def test_readme_python_example(smollm2_cache, monkeypatch) -> None:
+def check_readme_is_expected(block: str) -> None:
+    """AssertionError with a diff unless README.md's block is this test's EXPECTED text."""
+    diff = "".join(difflib.unified_diff(EXPECTED.splitlines(True), block.splitlines(True),
+                                        "EXPECTED (tests/client/test_readme_example.py)",
+                                        "README.md ## Python API"))  # fmt: skip
+    assert block == EXPECTED, (
+        "README.md's Python API example differs from the copy this test runs; change both "
+        f"together (the example must run as written, with no undefined name):\n{diff}"
+    )
+
+
+def test_readme_python_example_is_the_tested_text() -> None:
+    check_readme_is_expected(readme_python_block())
+    with pytest.raises(AssertionError, match=r"(?s)differs.*\+print\(model\)"):
+        check_readme_is_expected(EXPECTED + "print(model)\n")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_readme_python_example(smollm2_cache, monkeypatch, swarms, sdk_models) -> None:
     block = readme_python_block()
-    if block != EXPECTED:
-        pytest.skip(
-            "README.md's Python API example is not the runnable text this test expects "
-            f"(it must not use an undefined name). Expected:\n{EXPECTED}"
-        )
+    check_readme_is_expected(block)
     assert PEERS_LINE in block
     monkeypatch.setenv("DRIFT_CACHE", str(smollm2_cache))  # the alias resolves offline
     from drift.models.checkpoint import open_checkpoint
 
     model_dir = Path(open_checkpoint("smollm2", cache_dir=smollm2_cache).path)
-    swarm = await start_swarm("smollm2", [(0, 15), (15, 30)])  # type: ignore[arg-type]
+    swarm = await swarms.start("smollm2", [(0, 15), (15, 30)])
     scope: dict = {}
+    sdk_models.close_later(lambda: scope.get("model"))  # the model the README's code opens
     printed = io.StringIO()
-    try:
-        code = block.replace(PEERS_LINE, f"peers = {swarm.token!r}")
-        with contextlib.redirect_stdout(printed):
-            await asyncio.to_thread(exec, compile(code, "README.md", "exec"), scope)
-    finally:
-        if "model" in scope:
-            await asyncio.to_thread(scope["model"].close)
-        await stop_swarm(swarm)
+    code = block.replace(PEERS_LINE, f"peers = {swarm.token!r}")
+    with contextlib.redirect_stdout(printed):
+        await asyncio.to_thread(exec, compile(code, "README.md", "exec"), scope)
 
     local = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -5,70 +5,46 @@ from __future__ import annotations
 import asyncio
 
 import torch
-from transformers import AutoModelForCausalLM
 
-from drift.client import AutoDistributedModelForCausalLM, ClientConfig
-from tests.client.conftest import start_swarm, stop_swarm
-
-
-def _local(model_dir):
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+from drift.client import ClientConfig
+from tests.server.reference import load_reference
 
 
-async def test_session_steps_feed_latency_and_steer_routes(tiny_dirs):
+async def test_session_steps_feed_latency_and_steer_routes(tiny_dirs, swarm_model):
     model_dir = tiny_dirs("llama")
     ids = torch.tensor([[9, 8, 7, 6]])
-    swarm = await start_swarm(model_dir, [(0, 4), (0, 4)])
-    try:
-        model = await asyncio.to_thread(
-            AutoDistributedModelForCausalLM.from_pretrained, model_dir, initial_peers=swarm.token
-        )
-        try:
-            lat = model.client.swarm.latency
-            before = dict(lat.samples)
-            first = await asyncio.to_thread(model.generate, ids, max_new_tokens=5, do_sample=False)
-            stepped = {p: n - before.get(p, 0) for p, n in lat.samples.items()}
-            used = [p for p, n in stepped.items() if n >= 5]  # prefill + 4 decode steps
-            assert len(used) == 1, stepped
-            other = next(s.node.peer_id for s in swarm.servers if s.node.peer_id != used[0])
-            for _ in range(10):  # the used peer turns slow
-                model.client.swarm.note_rtt(used[0], 5.0)
-            before = dict(lat.samples)
-            second = await asyncio.to_thread(model.generate, ids, max_new_tokens=5, do_sample=False)
-            assert lat.samples.get(other, 0) - before.get(other, 0) >= 5
-            assert lat.samples[used[0]] == before[used[0]]
-            assert torch.equal(first, second)
-        finally:
-            await asyncio.to_thread(model.close)
-    finally:
-        await stop_swarm(swarm)
+    swarm, model = await swarm_model(model_dir, [(0, 4), (0, 4)])
+    lat = model.client.swarm.latency
+    before = dict(lat.samples)
+    first = await asyncio.to_thread(model.generate, ids, max_new_tokens=5, do_sample=False)
+    stepped = {p: n - before.get(p, 0) for p, n in lat.samples.items()}
+    used = [p for p, n in stepped.items() if n >= 5]  # prefill + 4 decode steps
+    assert len(used) == 1, stepped
+    other = next(s.node.peer_id for s in swarm.servers if s.node.peer_id != used[0])
+    for _ in range(10):  # the used peer turns slow
+        model.client.swarm.note_rtt(used[0], 5.0)
+    before = dict(lat.samples)
+    second = await asyncio.to_thread(model.generate, ids, max_new_tokens=5, do_sample=False)
+    assert lat.samples.get(other, 0) - before.get(other, 0) >= 5
+    assert lat.samples[used[0]] == before[used[0]]
+    assert torch.equal(first, second)
 
 
-async def test_client_survives_losing_its_initial_peer(tiny_dirs):
+async def test_client_survives_losing_its_initial_peer(tiny_dirs, swarm_model):
     model_dir = tiny_dirs("llama")
-    local = _local(model_dir)
+    local = load_reference(model_dir)
     ids = torch.tensor([[2, 7, 1, 8, 2, 8]])
     ref = local.generate(ids, max_new_tokens=8, do_sample=False)
-    swarm = await start_swarm(model_dir, [(0, 2), (0, 2), (2, 4)])
-    try:
-        config = ClientConfig(swarm_refresh_s=0.2)
-        model = await asyncio.to_thread(
-            AutoDistributedModelForCausalLM.from_pretrained, model_dir,
-            initial_peers=swarm.token, client_config=config,
-        )  # fmt: skip
-        try:
-            out = await asyncio.to_thread(model.generate, ids, max_new_tokens=8, do_sample=False)
-            assert torch.equal(out, ref)
-            seed_id = swarm.seed.node.peer_id
-            await swarm.stop(swarm.seed)  # the only peer the client was given
-            await asyncio.sleep(0.5)  # past swarm_refresh_s: the next route re-reads the table
-            out = await asyncio.to_thread(model.generate, ids, max_new_tokens=8, do_sample=False)
-            assert torch.equal(out, ref)
-            # the table now comes from the remaining servers, and the seed is not routed to
-            await asyncio.to_thread(model.client.run, model.client.swarm.refresh(force=True))
-            live = {s.peer_id for s in model.client.swarm.servers(model.client.model_fingerprint)}
-            assert seed_id not in live and len(live) == 2
-        finally:
-            await asyncio.to_thread(model.close)
-    finally:
-        await stop_swarm(swarm)
+    config = ClientConfig(swarm_refresh_s=0.2)
+    swarm, model = await swarm_model(model_dir, [(0, 2), (0, 2), (2, 4)], client_config=config)
+    out = await asyncio.to_thread(model.generate, ids, max_new_tokens=8, do_sample=False)
+    assert torch.equal(out, ref)
+    seed_id = swarm.seed.node.peer_id
+    await swarm.stop(swarm.seed)  # the only peer the client was given
+    await asyncio.sleep(0.5)  # past swarm_refresh_s: the next route re-reads the table
+    out = await asyncio.to_thread(model.generate, ids, max_new_tokens=8, do_sample=False)
+    assert torch.equal(out, ref)
+    # the table now comes from the remaining servers, and the seed is not routed to
+    await asyncio.to_thread(model.client.run, model.client.swarm.refresh(force=True))
+    live = {s.peer_id for s in model.client.swarm.servers(model.client.model_fingerprint)}
+    assert seed_id not in live and len(live) == 2

@@ -8,21 +8,17 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from drift.client import AutoDistributedModelForCausalLM
-from tests.client.conftest import start_swarm, stop_swarm
-
 pytestmark = pytest.mark.slow
 
 PROMPT = [1, 504, 3458, 282, 4649, 314]  # a short prompt in SmolLM2's vocab
 
 
-async def test_smollm2_matches_transformers(smollm2_dir):
+async def test_smollm2_matches_transformers(smollm2_dir, swarm_model):
     local = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
     ids = torch.tensor([PROMPT])
     pad = int(local.generation_config.eos_token_id or 2)
     batch = torch.tensor([PROMPT, [pad, pad, pad, 28, 3821, 314]])  # left-padded second prompt
     mask = torch.tensor([[1] * 6, [0, 0, 0, 1, 1, 1]])
-    swarm = await start_swarm(smollm2_dir, [(0, 15), (15, 30)])
 
     def check(model):
         with torch.no_grad():
@@ -42,14 +38,5 @@ async def test_smollm2_matches_transformers(smollm2_dir):
         padded = dict(attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=pad)
         assert torch.equal(model.generate(batch, **padded), local.generate(batch, **padded))
 
-    try:
-        model = await asyncio.to_thread(
-            AutoDistributedModelForCausalLM.from_pretrained, smollm2_dir,
-            initial_peers=swarm.token,
-        )  # fmt: skip
-        try:
-            await asyncio.to_thread(check, model)
-        finally:
-            await asyncio.to_thread(model.close)
-    finally:
-        await stop_swarm(swarm)
+    _, model = await swarm_model(smollm2_dir, [(0, 15), (15, 30)])
+    await asyncio.to_thread(check, model)

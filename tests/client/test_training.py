@@ -11,9 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-from drift.client import AutoDistributedModelForCausalLM
 from drift.client.auto import AutoDistributedModelForSequenceClassification
-from tests.client.conftest import start_swarm, stop_swarm
 
 P = 3  # pre_seq_len
 
@@ -41,39 +39,31 @@ def _local_deep_ptune(local, ids, prefix, deep):
     return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
 
 
-async def test_deep_ptune_gradients_match_local(tiny_dirs):
+async def test_deep_ptune_gradients_match_local(tiny_dirs, swarm_model):
     model_dir = tiny_dirs("llama")
     local = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    swarm = await start_swarm(model_dir, [(0, 1), (1, 4)])
     ids = torch.tensor([[7, 8, 9, 10, 11, 12]])
-    try:
-        model = await asyncio.to_thread(
-            AutoDistributedModelForCausalLM.from_pretrained, model_dir,
-            initial_peers=swarm.token, tuning_mode="deep_ptune", pre_seq_len=P,
+    _, model = await swarm_model(
+        model_dir, [(0, 1), (1, 4)], tuning_mode="deep_ptune", pre_seq_len=P
+    )
+    with torch.no_grad():  # non-zero deep prompts, so they change the output
+        model.ptune.deep_prompts.copy_(
+            torch.randn(model.ptune.deep_prompts.shape, generator=torch.Generator().manual_seed(0)) * 0.1
         )  # fmt: skip
-        try:
-            with torch.no_grad():  # non-zero deep prompts, so they change the output
-                model.ptune.deep_prompts.copy_(
-                    torch.randn(model.ptune.deep_prompts.shape, generator=torch.Generator().manual_seed(0)) * 0.1
-                )  # fmt: skip
 
-            def remote_grad():
-                out = model(ids, labels=ids)
-                out.loss.backward()
-                pt = model.ptune
-                return (
-                    out.loss.detach(),
-                    pt.prompt_embeddings.grad.clone(),
-                    pt.deep_prompts.grad.clone(),
-                )
+    def remote_grad():
+        out = model(ids, labels=ids)
+        out.loss.backward()
+        pt = model.ptune
+        return (
+            out.loss.detach(),
+            pt.prompt_embeddings.grad.clone(),
+            pt.deep_prompts.grad.clone(),
+        )
 
-            loss, g_prefix, g_deep = await asyncio.to_thread(remote_grad)
-            prefix = model.ptune.prompt_embeddings.detach().clone().requires_grad_(True)
-            deep = model.ptune.deep_prompts.detach().clone().requires_grad_(True)
-        finally:
-            await asyncio.to_thread(model.close)
-    finally:
-        await stop_swarm(swarm)
+    loss, g_prefix, g_deep = await asyncio.to_thread(remote_grad)
+    prefix = model.ptune.prompt_embeddings.detach().clone().requires_grad_(True)
+    deep = model.ptune.deep_prompts.detach().clone().requires_grad_(True)
     ref_loss = _local_deep_ptune(local, ids, prefix, deep)
     ref_loss.backward()
     assert abs(loss.item() - ref_loss.item()) < 1e-4
@@ -100,34 +90,26 @@ def _classifier_dir(src, dst, num_labels=3):
     return dst
 
 
-async def test_sequence_classification_matches_hf_and_trains(tiny_dirs, tmp_path):
+async def test_sequence_classification_matches_hf_and_trains(tiny_dirs, tmp_path, swarm_model):
     model_dir = _classifier_dir(tiny_dirs("llama"), tmp_path / "cls")
     local = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32)
     local.eval()
     ids = torch.tensor([[5, 6, 7, 8, 9], [11, 12, 13, 0, 0]])  # right-padded with pad id 0
     mask = (ids != 0).long()
     labels = torch.tensor([2, 0])
-    swarm = await start_swarm(model_dir, [(0, 2), (2, 4)])
-    try:
-        model = await asyncio.to_thread(
-            AutoDistributedModelForSequenceClassification.from_pretrained, model_dir,
-            initial_peers=swarm.token,
-        )  # fmt: skip
-        try:
-            trainable = [n for n, p in model.named_parameters() if p.requires_grad]
-            assert trainable == ["score.weight"]  # the frozen head stays frozen by default
-            model.head.embed_tokens.requires_grad_(True)  # opt in: train embeddings too
+    _, model = await swarm_model(
+        model_dir, [(0, 2), (2, 4)], cls=AutoDistributedModelForSequenceClassification
+    )
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable == ["score.weight"]  # the frozen head stays frozen by default
+    model.head.embed_tokens.requires_grad_(True)  # opt in: train embeddings too
 
-            def remote():
-                out = model(ids, attention_mask=mask, labels=labels)
-                out.loss.backward()
-                return out, model.score.weight.grad.clone(), model.head.embed_tokens.weight.grad
+    def remote():
+        out = model(ids, attention_mask=mask, labels=labels)
+        out.loss.backward()
+        return out, model.score.weight.grad.clone(), model.head.embed_tokens.weight.grad
 
-            out, g_score, g_embed = await asyncio.to_thread(remote)
-        finally:
-            await asyncio.to_thread(model.close)
-    finally:
-        await stop_swarm(swarm)
+    out, g_score, g_embed = await asyncio.to_thread(remote)
     ref = local(ids, attention_mask=mask, labels=labels)
     ref.loss.backward()
     assert (out.logits - ref.logits).abs().max() < 1e-4

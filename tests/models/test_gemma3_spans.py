@@ -18,8 +18,8 @@ from drift.models.checkpoint import Checkpoint, open_checkpoint
 from drift.models.head import ClientHead
 from drift.models.registry import get_adapter
 from drift.models.span import ModelSpan
-from tests.models.conftest import Tiny
-from tests.models.real_checks import REAL_MODEL_CHECKS
+from tests.models.span_checks import REAL_MODEL_CHECKS
+from tests.models.tiny_spans import Tiny
 
 pytestmark = pytest.mark.slow
 

@@ -11,12 +11,12 @@ from drift.models.head import ClientHead
 from drift.models.registry import get_adapter, supported_model_types
 from drift.models.span import ModelSpan
 from drift.wire.errors import BadRequest, BadTensor, LengthExceeded, SpanNotServed
-from tests.models.conftest import _make
+from tests.models.tiny_spans import make_tiny
 
 
 @pytest.fixture(scope="module")
 def llama(tiny_dirs):
-    return _make("llama", tiny_dirs["llama"])
+    return make_tiny("llama", tiny_dirs["llama"])
 
 
 def test_supported_types_and_unknown_type() -> None:

@@ -6,16 +6,9 @@ import torch
 from transformers import DynamicCache
 
 from drift.models.span import ModelSpan
-from tests.models.conftest import Tiny
-
-TOL = 1e-5
-
-
-def _run_spans(tiny: Tiny, sessions, ids: torch.Tensor, **step_kwargs) -> torch.Tensor:
-    hidden = tiny.head.embed(ids)
-    for session in sessions:
-        hidden = session.step(hidden, **step_kwargs)
-    return tiny.head.logits(hidden)
+from tests.models import span_checks
+from tests.models.span_checks import FORWARD_TOL, step_sessions
+from tests.models.tiny_spans import Tiny
 
 
 def test_prompt_then_single_tokens_match_full_model(tiny: Tiny) -> None:
@@ -26,8 +19,8 @@ def test_prompt_then_single_tokens_match_full_model(tiny: Tiny) -> None:
     with torch.no_grad():
         for _ in range(6):  # the prompt, then 5 single tokens fed back greedily
             ref = tiny.reference(input_ids=ids, cache=cache, use_cache=True).logits
-            got = _run_spans(tiny, sessions, ids)
-            torch.testing.assert_close(got, ref, atol=TOL, rtol=0)
+            got = step_sessions(tiny, sessions, ids)
+            torch.testing.assert_close(got, ref, atol=FORWARD_TOL, rtol=0)
             ids = got[:, -1:].argmax(-1)
             assert torch.equal(ids, ref[:, -1:].argmax(-1))
     assert [s.position for s in sessions] == [12, 12]
@@ -39,19 +32,13 @@ def test_several_tokens_per_step(tiny: Tiny) -> None:
         ref = tiny.reference(input_ids=ids).logits
         sessions = [span.new_session(batch_size=2, max_length=9) for span in tiny.spans]
         got = torch.cat(
-            [_run_spans(tiny, sessions, ids[:, a:b]) for a, b in ((0, 3), (3, 4), (4, 9))], dim=1
+            [step_sessions(tiny, sessions, ids[:, a:b]) for a, b in ((0, 3), (3, 4), (4, 9))], dim=1
         )
-    torch.testing.assert_close(got, ref, atol=TOL, rtol=0)
+    torch.testing.assert_close(got, ref, atol=FORWARD_TOL, rtol=0)
 
 
 def test_stateless_forward_matches_full_model(tiny: Tiny) -> None:
-    ids = torch.randint(0, 256, (2, 6), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        ref = tiny.reference(input_ids=ids).logits
-        hidden = tiny.head.embed(ids)
-        for span in tiny.spans:
-            hidden = span(hidden)
-    torch.testing.assert_close(tiny.head.logits(hidden), ref, atol=TOL, rtol=0)
+    span_checks.stateless_forward_matches_full_model(tiny)
 
 
 def test_sub_spans_compose(tiny: Tiny) -> None:

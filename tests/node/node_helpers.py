@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from drift.identity import Identity, JoinToken
 from drift.node import MembershipNode, NodeConfig, RunningApp, build_node_app, start_app
@@ -22,17 +23,18 @@ FAST = NodeConfig(
 
 
 class Nodes:
-    """Started nodes, stopped at teardown."""
+    """Started nodes, stopped by `stop_all` (the `nodes` fixture's teardown)."""
 
     def __init__(self) -> None:
         self.running: list[tuple[MembershipNode, RunningApp]] = []
 
     async def start(
-        self, *seeds: JoinToken, identity: Identity | None = None, **overrides: object
-    ) -> tuple[MembershipNode, RunningApp]:
+        self, *seeds: JoinToken, identity: Identity | None = None, web_dir: Path | None = None,
+        **overrides: object,
+    ) -> tuple[MembershipNode, RunningApp]:  # fmt: skip
         config = dataclasses.replace(FAST, initial_peers=tuple(seeds), **overrides)
         node = MembershipNode(identity or Identity.generate(), config)
-        running = await start_app(build_node_app(node), "127.0.0.1", 0)
+        running = await start_app(build_node_app(node, web_dir=web_dir), "127.0.0.1", 0)
         self.running.append((node, running))
         return node, running
 
@@ -57,14 +59,13 @@ class Nodes:
             await self.stop(self.running[-1][0])
 
 
-async def wait_for(cond: Callable[[], bool], timeout: float = 10.0, what: str = "") -> float:
-    """Poll `cond` until true; returns seconds waited (AssertionError on timeout)."""
+async def wait_for(cond: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
+    """Poll `cond` until true (AssertionError on timeout)."""
     start = time.monotonic()
     while not cond():
         if time.monotonic() - start > timeout:
             raise AssertionError(f"timed out after {timeout} s waiting for {what or cond}")
         await asyncio.sleep(0.05)
-    return time.monotonic() - start
 
 
 def live_ids(node: MembershipNode) -> set[str]:

@@ -8,7 +8,6 @@ import aiohttp
 import orjson
 import pytest
 
-from drift.identity import Identity
 from drift.node import auth_headers
 from drift.node.auth import AUTH_HEADER, bearer_headers
 from drift.wire.errors import Forbidden, Unauthorized
@@ -84,28 +83,17 @@ async def test_dashboard_static_files_and_fallback(nodes: Nodes, tmp_path) -> No
     (web / "index.html").write_text("<h1>drift dashboard</h1>")
     (web / "js" / "app.js").write_text("console.log(1)")
     (tmp_path / "secret.txt").write_text("nope")
-    from drift.node import MembershipNode, build_node_app, start_app
-    from tests.node.node_helpers import FAST
-
-    node = MembershipNode(Identity.generate(), FAST)
-    run = await start_app(build_node_app(node, web_dir=web), "127.0.0.1", 0)
-    try:
-        base = f"http://127.0.0.1:{run.port}"
-        status, body, ctype = await get(base + "/")
-        assert status == 200 and "drift dashboard" in body and "html" in ctype  # type: ignore[operator]
-        status, body, _ = await get(base + "/static/js/app.js")
-        assert status == 200 and body == "console.log(1)"
-        status, body, _ = await get(base + "/static/..%2Fsecret.txt")
-        assert status == 404 and body["error"]["code"] == "not_found"  # type: ignore[index]
-    finally:
-        await run.stop()
-    node2 = MembershipNode(Identity.generate(), FAST)
-    run2 = await start_app(build_node_app(node2, web_dir=tmp_path / "absent"), "127.0.0.1", 0)
-    try:
-        status, body, ctype = await get(f"http://127.0.0.1:{run2.port}/")
-        assert status == 200 and "text/plain" in ctype and node2.peer_id in body  # type: ignore[operator]
-    finally:
-        await run2.stop()
+    _, run = await nodes.start(web_dir=web)
+    base = f"http://127.0.0.1:{run.port}"
+    status, body, ctype = await get(base + "/")
+    assert status == 200 and "drift dashboard" in body and "html" in ctype  # type: ignore[operator]
+    status, body, _ = await get(base + "/static/js/app.js")
+    assert status == 200 and body == "console.log(1)"
+    status, body, _ = await get(base + "/static/..%2Fsecret.txt")
+    assert status == 404 and body["error"]["code"] == "not_found"  # type: ignore[index]
+    node2, run2 = await nodes.start(web_dir=tmp_path / "absent")
+    status, body, ctype = await get(f"http://127.0.0.1:{run2.port}/")
+    assert status == 200 and "text/plain" in ctype and node2.peer_id in body  # type: ignore[operator]
 
 
 def test_hmac_headers_check_and_reject() -> None:

@@ -30,14 +30,15 @@ async def test_six_nodes_converge_seed_loss_leave_and_expiry(nodes: Nodes) -> No
     # the killed seed sent no offline record: it disappears once its record expires
     await wait_for(lambda: all(seed.peer_id not in live_ids(n) for n in rest), 5, "seed expiry")
 
-    # a graceful leave is seen by everyone at once (well before the 2 s TTL)
+    # a graceful leave publishes a signed offline record to everyone (an expired record
+    # would still read "online", or be forgotten)
     leaver = members[0][0]
     await nodes.stop(leaver)
-    waited = await wait_for(
-        lambda: all(leaver.peer_id not in live_ids(n) for n in rest[1:]), 1.0, "offline record"
+    await wait_for(
+        lambda: all(leaver.peer_id not in live_ids(n) for n in rest[1:]), 5, "offline record"
     )
-    assert waited < 1.0
-    assert all(r.state == "offline" for r in [rest[1].table.get(leaver.peer_id)] if r)
+    held = [n.table.get(leaver.peer_id) for n in rest[1:]]
+    assert all(r is not None and r.state == "offline" for r in held), held
 
 
 async def test_silent_peer_expires(nodes: Nodes) -> None:
@@ -46,8 +47,9 @@ async def test_silent_peer_expires(nodes: Nodes) -> None:
     await wait_for(lambda: b.peer_id in live_ids(a), 5, "b to join")
     await nodes.kill(b)
     assert b.peer_id in live_ids(a)
-    waited = await wait_for(lambda: b.peer_id not in live_ids(a), 6, "b to expire")
-    assert waited > 0.5  # it expired; it was not an offline record
+    await wait_for(lambda: b.peer_id not in live_ids(a), 6, "b to expire")
+    gone = a.table.get(b.peer_id)
+    assert gone is None or gone.state == "online"  # it expired; no offline record came
 
 
 async def test_join_checks_the_seed_holds_the_peer_id(nodes: Nodes) -> None:

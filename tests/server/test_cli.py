@@ -38,7 +38,7 @@ def test_revision_warning(caplog):
     assert warn_revision_mismatch(peers[:1], "m", "f1") == []
 
 
-def test_drift_server_process(tiny_llama, tmp_path):
+def test_drift_server_process(tiny_llama, tmp_path, popens):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "drift.cli.main", "server", str(tiny_llama), "--block_indices", "1:3",
@@ -46,22 +46,21 @@ def test_drift_server_process(tiny_llama, tmp_path):
          "--identity_path", str(tmp_path / "id.key")],
         stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
-    try:
-        port, lines = None, []
-        deadline = time.monotonic() + 60
-        while port is None and time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            if not line:
-                break
-            lines.append(line)
-            found = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
-            port = int(found.group(1)) if found else None
-        assert port, "".join(lines)
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/blocks", timeout=10) as resp:
-            info = json.load(resp)
-        assert (info["start_block"], info["end_block"]) == (1, 3)
-        assert info["throughput"] > 0  # measured, then cached under --cache_dir
-        assert "throughput.json" in os.listdir(tmp_path)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
+    popens.append(proc)
+    port, lines = None, []
+    deadline = time.monotonic() + 60
+    while port is None and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        found = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
+        port = int(found.group(1)) if found else None
+    assert port, "".join(lines)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/blocks", timeout=10) as resp:
+        info = json.load(resp)
+    assert (info["start_block"], info["end_block"]) == (1, 3)
+    assert info["throughput"] > 0  # measured, then cached under --cache_dir
+    assert "throughput.json" in os.listdir(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0

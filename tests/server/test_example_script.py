@@ -12,6 +12,17 @@ import aiohttp
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "example_inference_ws.py"
 
 
+README = SCRIPT.parents[1] / "README.md"
+
+
+def test_readme_names_the_script_as_run_here() -> None:
+    usage = f"python scripts/{SCRIPT.name} http://"
+    assert usage in README.read_text(), (
+        f"README.md no longer shows `{usage}...`, the raw /inference example this test runs; "
+        "change README and tests/server/test_example_script.py together"
+    )
+
+
 async def test_raw_websocket_example_runs(servers, tiny_llama) -> None:
     server = await servers(tiny_llama, 1, 3)
     env = {**os.environ, "PYTHONPATH": str(SCRIPT.parents[1]), "OMP_NUM_THREADS": "1"}

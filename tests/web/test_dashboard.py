@@ -16,7 +16,7 @@ import asyncio
 import json
 import os
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiohttp
@@ -100,12 +100,24 @@ class Swarm:
 
 
 @pytest.fixture
-async def swarm(tiny_llama6: Path) -> AsyncIterator[Swarm]:
-    s = Swarm(tiny_llama6)
+async def swarms() -> AsyncIterator[Callable[..., Swarm]]:
+    """`swarms(model_dir=None, swarm_key=None)` -> an empty Swarm; all closed at teardown."""
+    made: list[Swarm] = []
+
+    def make(model_dir: Path | None = None, swarm_key: str | None = None) -> Swarm:
+        made.append(Swarm(model_dir, swarm_key))
+        return made[-1]
+
     try:
-        yield s
+        yield make
     finally:
-        await s.close()
+        for s in made:
+            await s.close()
+
+
+@pytest.fixture
+def swarm(swarms: Callable[..., Swarm], tiny_llama6: Path) -> Swarm:
+    return swarms(tiny_llama6)
 
 
 async def wait_all_see(swarm: Swarm, count: int, timeout: float = 20.0) -> None:
@@ -233,45 +245,39 @@ async def test_dashboard_shows_real_swarm(swarm: Swarm, tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
-async def test_dashboard_reports_unreachable_node() -> None:
-    swarm = Swarm()
-    try:
-        seed = await swarm.add_seed()
-        async with Browser.start() as page:
-            await page.navigate(swarm.url(seed))
-            await page.wait_for(f"{ROWS}.length === 1")
-            await swarm.close()
-            status = await page.wait_for(
-                "document.body.dataset.state === 'unreachable' && "
-                "document.querySelector('[data-testid=status]').textContent"
-            )
-            assert status.startswith("node unreachable")
-            assert await page.evaluate(f"{ROWS}.length") == 1  # the last snapshot stays on screen
-    finally:
+async def test_dashboard_reports_unreachable_node(swarms: Callable[..., Swarm]) -> None:
+    swarm = swarms()
+    seed = await swarm.add_seed()
+    async with Browser.start() as page:
+        await page.navigate(swarm.url(seed))
+        await page.wait_for(f"{ROWS}.length === 1")
         await swarm.close()
+        status = await page.wait_for(
+            "document.body.dataset.state === 'unreachable' && "
+            "document.querySelector('[data-testid=status]').textContent"
+        )
+        assert status.startswith("node unreachable")
+        assert await page.evaluate(f"{ROWS}.length") == 1  # the last snapshot stays on screen
 
 
 @pytest.mark.timeout(180)
-async def test_private_swarm_asks_for_key(tiny_llama6: Path) -> None:
-    swarm = Swarm(tiny_llama6, swarm_key="s3cret-key")
-    try:
-        seed = await swarm.add_seed()
-        await swarm.add_server(0, NUM_BLOCKS)
-        await wait_all_see(swarm, 2)
-        async with Browser.start() as page:
-            await page.navigate(swarm.url(seed))
-            await page.wait_for("document.body.dataset.state === 'auth'")
-            assert await page.evaluate(f"{ROWS}.length") == 0
-            assert await page.evaluate("!document.querySelector('[data-testid=key-form]').hidden")
-            await page.navigate(swarm.url(seed) + "#key=wrong")
-            await page.wait_for(
-                "document.querySelector('[data-testid=status]').textContent.includes('refused')"
-            )
-            assert await page.evaluate(f"{ROWS}.length") == 0
-            await page.evaluate("sessionStorage.clear()")
-            await page.navigate(swarm.url(seed) + "#key=s3cret-key")
-            await page.wait_for(f"{ROWS}.length === 2 && document.body.dataset.state === 'ok'")
-            assert await page.evaluate("document.querySelector('[data-testid=key-form]').hidden")
-            assert await page.evaluate(MISSING) == []
-    finally:
-        await swarm.close()
+async def test_private_swarm_asks_for_key(swarms: Callable[..., Swarm], tiny_llama6: Path) -> None:
+    swarm = swarms(tiny_llama6, swarm_key="s3cret-key")
+    seed = await swarm.add_seed()
+    await swarm.add_server(0, NUM_BLOCKS)
+    await wait_all_see(swarm, 2)
+    async with Browser.start() as page:
+        await page.navigate(swarm.url(seed))
+        await page.wait_for("document.body.dataset.state === 'auth'")
+        assert await page.evaluate(f"{ROWS}.length") == 0
+        assert await page.evaluate("!document.querySelector('[data-testid=key-form]').hidden")
+        await page.navigate(swarm.url(seed) + "#key=wrong")
+        await page.wait_for(
+            "document.querySelector('[data-testid=status]').textContent.includes('refused')"
+        )
+        assert await page.evaluate(f"{ROWS}.length") == 0
+        await page.evaluate("sessionStorage.clear()")
+        await page.navigate(swarm.url(seed) + "#key=s3cret-key")
+        await page.wait_for(f"{ROWS}.length === 2 && document.body.dataset.state === 'ok'")
+        assert await page.evaluate("document.querySelector('[data-testid=key-form]').hidden")
+        assert await page.evaluate(MISSING) == []
