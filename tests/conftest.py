@@ -105,3 +105,43 @@ def popens():
         if proc.poll() is None:
             proc.kill()
         proc.wait(timeout=30)
+
+
+@pytest.fixture
+async def swarms():
+    """`await swarms.start(model_dir, spans, swarm_key=None, **server_config)` -> Swarm;
+    every server of every swarm started is stopped at teardown, also when the test fails."""
+    from tests.client.swarms import Swarms
+
+    started = Swarms()
+    try:
+        yield started
+    finally:
+        await started.stop_all()
+
+
+@pytest.fixture
+async def sdk_models(swarms):
+    """`await sdk_models.open(name_or_dir, initial_peers, cls=..., **kw)` -> model, opened in
+    a thread; all closed at teardown, before `swarms` stops their servers."""
+    from tests.client.swarms import SdkModels
+
+    opened = SdkModels()
+    try:
+        yield opened
+    finally:
+        await opened.close_all()
+
+
+@pytest.fixture
+async def web_apps(sdk_models):
+    """`await web_apps.start(app)` -> base URL of an aiohttp app on 127.0.0.1 (e.g. `drift
+    api`'s); every app started is cleaned up at teardown, before the SDK models it may use
+    are closed and their swarms stopped."""
+    from tests.api.apps import AppRunners
+
+    started = AppRunners()
+    try:
+        yield started
+    finally:
+        await started.cleanup_all()

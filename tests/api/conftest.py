@@ -3,65 +3,18 @@ real `drift api` app on 127.0.0.1 (port 0), and the official `openai` client poi
 
 from __future__ import annotations
 
-import string
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import openai
 import pytest
 import torch
-from aiohttp import web
-from tokenizers import Tokenizer, decoders, models
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from drift.api.app import ApiConfig, build_api_app
 from drift.api.engine import CausalLMEngine
 from drift.api.service import ServiceConfig
-from tests.tiny_models import TINY_CONFIGS
-
-MODEL_ID = "tiny-chat"
-API_KEY = "sk-test-key"
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"]
-CHARS = list(string.printable[:95]) + ["\n"]  # printable ASCII (no \t\r\x0b\x0c) + newline
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
-def char_tokenizer(chat_template: str | None = CHATML) -> PreTrainedTokenizerFast:
-    """One token per character; decoding concatenates. Always decodes to valid text."""
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + sorted(set(CHARS)))}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
-    tok.add_special_tokens(SPECIALS)
-    tok.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        unk_token="<unk>",
-    )
-    fast.chat_template = chat_template
-    return fast
-
-
-def tiny_chat_model(seed: int = 0) -> AutoModelForCausalLM:
-    params = dict(TINY_CONFIGS["llama"])
-    params.pop("model_type")
-    params.update(
-        vocab_size=len(SPECIALS) + len(set(CHARS)),
-        max_position_embeddings=1024,
-        bos_token_id=None,
-        eos_token_id=2,
-        pad_token_id=0,
-    )
-    config = AutoConfig.for_model("llama", **params)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
-    return model.eval()
+from tests.api.apps import API_KEY, MODEL_ID, char_tokenizer, start_app, tiny_chat_model  # noqa: F401
 
 
 @pytest.fixture(scope="session")
@@ -77,15 +30,6 @@ def local_model(model_dir: Path):
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     return model, tokenizer
-
-
-async def start_app(app: web.Application) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, f"http://127.0.0.1:{port}"
 
 
 @pytest.fixture

@@ -27,8 +27,8 @@ from drift.api.app import ApiConfig, build_api_app
 from drift.api.service import ServiceConfig
 from drift.api.swarm import swarm_engine
 from drift.client import AutoDistributedModelForCausalLM
-from tests.api.conftest import start_app
-from tests.client.conftest import start_swarm, stop_swarm
+from tests.api.apps import start_app
+from tests.client.swarms import start_swarm, stop_swarm
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

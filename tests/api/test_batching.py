@@ -14,8 +14,7 @@ import pytest
 from drift.api.app import ApiConfig, build_api_app
 from drift.api.engine import CausalLMEngine
 from drift.api.service import ServiceConfig
-from tests.api.conftest import API_KEY, MODEL_ID, start_app
-from tests.api.test_openai import MESSAGES, chat_ids, reference
+from tests.api.apps import API_KEY, MESSAGES, MODEL_ID, chat_ids, reference, start_app
 
 pytestmark = pytest.mark.timeout(120)
 

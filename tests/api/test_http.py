@@ -18,8 +18,7 @@ import torch
 from drift.api.app import ApiConfig, build_api_app
 from drift.api.engine import CausalLMEngine
 from drift.api.service import ServiceConfig
-from tests.api.conftest import API_KEY, MODEL_ID, char_tokenizer, start_app, tiny_chat_model
-from tests.api.test_openai import MESSAGES
+from tests.api.apps import API_KEY, MESSAGES, MODEL_ID, char_tokenizer, start_app, tiny_chat_model
 
 pytestmark = pytest.mark.timeout(120)
 WEB = Path(__file__).resolve().parents[2] / "web"

@@ -10,33 +10,9 @@ import openai
 import pytest
 import torch
 
-from tests.api.conftest import API_KEY, MODEL_ID, SPECIALS
+from tests.api.apps import API_KEY, MESSAGES, MODEL_ID, SPECIALS, chat_ids, reference
 
 pytestmark = pytest.mark.timeout(120)
-
-MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
-
-
-def reference(local_model, prompt_ids: list[int], max_new_tokens: int) -> tuple[str, int, str]:
-    """(text, completion tokens, finish_reason) from plain transformers greedy generate."""
-    model, tokenizer = local_model
-    ids = torch.tensor([prompt_ids])
-    out = model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        do_sample=False,
-        max_new_tokens=max_new_tokens,
-        eos_token_id=[0, 2],
-        pad_token_id=0,
-    )[0, len(prompt_ids) :].tolist()
-    finish = "stop" if out[-1] in (0, 2) else "length"
-    return tokenizer.decode(out, skip_special_tokens=True), len(out), finish
-
-
-def chat_ids(local_model) -> list[int]:
-    tokenizer = local_model[1]
-    text = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 async def test_models_list(client: openai.AsyncOpenAI) -> None:

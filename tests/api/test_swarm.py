@@ -5,8 +5,6 @@ stream closed early frees the servers' caches (GET /blocks), missing blocks are 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 
 import aiohttp
 import openai
@@ -16,36 +14,21 @@ import torch
 from drift.api.app import ApiConfig, build_api_app
 from drift.api.service import ServiceConfig
 from drift.api.swarm import swarm_engine
-from drift.client import AutoDistributedModelForCausalLM
-from tests.api.conftest import API_KEY, MODEL_ID, start_app
-from tests.api.test_openai import MESSAGES, chat_ids, reference
-from tests.client.conftest import start_swarm, stop_swarm
+from tests.api.apps import API_KEY, MESSAGES, MODEL_ID, chat_ids, reference
 
 pytestmark = pytest.mark.timeout(180)
 
 
-@contextlib.asynccontextmanager
-async def _api_over(model_dir, local_model, spans) -> AsyncIterator[tuple]:
-    swarm = await start_swarm(model_dir, spans)
-    model = None
-    try:
-        model = await asyncio.to_thread(
-            AutoDistributedModelForCausalLM.from_pretrained, model_dir, initial_peers=swarm.token
-        )
-        engine = swarm_engine(model, local_model[1], model_id=MODEL_ID)
-        config = ApiConfig(api_keys=(API_KEY,), service=ServiceConfig(max_concurrent=2))
-        runner, url = await start_app(build_api_app(engine, config))
-        try:
-            async with openai.AsyncOpenAI(
-                base_url=f"{url}/v1", api_key=API_KEY, max_retries=0, timeout=60
-            ) as client:
-                yield swarm, client, url
-        finally:
-            await runner.cleanup()
-    finally:
-        if model is not None:
-            await asyncio.to_thread(model.close)
-        await stop_swarm(swarm)
+async def _api_over(swarms, sdk_models, web_apps, model_dir, local_model, spans) -> tuple:
+    """A swarm over `spans`, the SDK model on it and a `drift api` app in front: (swarm,
+    openai client, url); the fixtures stop all three."""
+    swarm = await swarms.start(model_dir, spans)
+    model = await sdk_models.open(model_dir, swarm.token)
+    engine = swarm_engine(model, local_model[1], model_id=MODEL_ID)
+    config = ApiConfig(api_keys=(API_KEY,), service=ServiceConfig(max_concurrent=2))
+    url = await web_apps.start(build_api_app(engine, config))
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
+    return swarm, client, url
 
 
 async def _blocks(swarm) -> list[dict]:
@@ -63,11 +46,13 @@ async def _health(url: str) -> dict:
             return await r.json()
 
 
-async def test_api_over_swarm(model_dir, local_model) -> None:
+async def test_api_over_swarm(model_dir, local_model, swarms, sdk_models, web_apps) -> None:
     prompt = chat_ids(local_model)
     text, n_tokens, _ = reference(local_model, prompt, 16)
     comp_text, _, _ = reference(local_model, local_model[1]("Once upon")["input_ids"], 16)
-    async with _api_over(model_dir, local_model, [(0, 2), (2, 4)]) as (swarm, client, url):
+    swarm, client, url = await _api_over(swarms, sdk_models, web_apps, model_dir, local_model,
+                                         [(0, 2), (2, 4)])  # fmt: skip
+    async with client:
         resp = await client.chat.completions.create(
             model=MODEL_ID, messages=MESSAGES, max_tokens=16, temperature=0
         )
@@ -122,8 +107,10 @@ async def test_api_over_swarm(model_dir, local_model) -> None:
         assert (await _health(url))["tokens_generated"] - before < 900  # cancelled, not finished
 
 
-async def test_missing_blocks_is_503(model_dir, local_model) -> None:
-    async with _api_over(model_dir, local_model, [(0, 2)]) as (_swarm, client, _url):
+async def test_missing_blocks_is_503(model_dir, local_model, swarms, sdk_models,
+                                     web_apps) -> None:  # fmt: skip
+    _, client, _ = await _api_over(swarms, sdk_models, web_apps, model_dir, local_model, [(0, 2)])
+    async with client:
         with pytest.raises(openai.InternalServerError) as info:
             await client.completions.create(model=MODEL_ID, prompt="Once", max_tokens=4)
         assert info.value.status_code == 503

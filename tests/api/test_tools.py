@@ -17,7 +17,7 @@ from drift.api.engine import CausalLMEngine
 from drift.api.messages import parse_messages, parse_tools
 from drift.api.service import ServiceConfig
 from drift.api.tools import CallDelta, ToolCallParser, call_text
-from tests.api.conftest import API_KEY, MODEL_ID, char_tokenizer, start_app, tiny_chat_model
+from tests.api.apps import API_KEY, MODEL_ID, char_tokenizer, start_app, tiny_chat_model
 
 pytestmark = pytest.mark.timeout(180)
 

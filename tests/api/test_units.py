@@ -10,7 +10,7 @@ from drift.api.protocol import parse_chat, parse_completion
 from drift.api.sampling import PenaltyProcessor, SeededSampler
 from drift.api.textstream import StopTextStream
 from drift.wire.errors import BadRequest
-from tests.api.conftest import char_tokenizer, tiny_chat_model
+from tests.api.apps import char_tokenizer, tiny_chat_model
 
 
 def _pieces(pieces: list[str]):

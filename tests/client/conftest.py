@@ -3,40 +3,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from drift.models.checkpoint import open_checkpoint
-
-# start_swarm, stop_swarm: tests/api/test_swarm.py still imports them from here (tests/api is
-# being rewritten apart from this change); everything else imports tests.client.swarms.
-from tests.client.swarms import SdkModels, Swarms, start_swarm, stop_swarm  # noqa: F401
+from tests.client.swarms import SdkModels, Swarms  # noqa: F401  (types of the root fixtures)
 from tests.tiny_models import save_tiny
-
-
-@pytest.fixture
-async def swarms() -> AsyncIterator[Swarms]:
-    """`await swarms.start(model_dir, spans, swarm_key=None, **server_config)` -> Swarm;
-    every server of every swarm started is stopped at teardown, also when the test fails."""
-    started = Swarms()
-    try:
-        yield started
-    finally:
-        await started.stop_all()
-
-
-@pytest.fixture
-async def sdk_models(swarms: Swarms) -> AsyncIterator[SdkModels]:
-    """`await sdk_models.open(name_or_dir, initial_peers, cls=..., **kw)` -> model, opened in
-    a thread; all closed at teardown, before `swarms` stops their servers."""
-    opened = SdkModels()
-    try:
-        yield opened
-    finally:
-        await opened.close_all()
 
 
 @pytest.fixture

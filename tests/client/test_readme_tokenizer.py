@@ -14,7 +14,7 @@ from drift.client import load_tokenizer
 from drift.models.checkpoint import open_checkpoint
 from drift.models.sources.aliases import ALIASES, resolve_alias
 from drift.wire.errors import NotFound
-from tests.api.conftest import char_tokenizer, tiny_chat_model
+from tests.api.apps import char_tokenizer, tiny_chat_model
 
 TEXT = "A cat sat on the mat.\nHello!"
 
