@@ -36,6 +36,9 @@ class ClientHead(torch.nn.Module):
         self.embed_scale = adapter.embed_scale()
         self.softcap = adapter.logit_softcap()
         self.per_layer = per_layer  # Gemma 4: per-layer input embeddings and projection
+        self.pad_id = int(getattr(self.config, "pad_token_id", None) or 0)
+        # ids embedded as the pad token (a multimodal checkpoint's image/audio stand-ins)
+        self.placeholders = torch.tensor(adapter.placeholder_ids(), dtype=torch.long)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -91,7 +94,7 @@ class ClientHead(torch.nn.Module):
         vocab = self.embed_tokens.num_embeddings
         if bool(((input_ids < 0) | (input_ids >= vocab)).any()):
             raise BadTensor(f"input_ids must lie in [0, {vocab})")
-        hidden = self.embed_tokens(input_ids.to(self.embed_tokens.weight.device))
+        hidden = self.embed_tokens(self._text_ids(input_ids))
         if self.embed_scale is not None:
             hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
         if self.embed_norm is not None:
@@ -109,11 +112,17 @@ class ClientHead(torch.nn.Module):
             return None
         if input_ids is None:
             input_ids = self._ids_of(embeds[:, prefix:])
-        ids = input_ids.to(self.embed_tokens.weight.device)
+        ids = self._text_ids(input_ids)
         if prefix:
-            pad = int(getattr(self.config, "pad_token_id", None) or 0)
-            ids = torch.cat([ids.new_full((ids.shape[0], prefix), pad), ids], dim=1)
+            ids = torch.cat([ids.new_full((ids.shape[0], prefix), self.pad_id), ids], dim=1)
         return self.per_layer(ids, embeds.to(self.dtype))
+
+    def _text_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The ids on the embeddings' device, placeholders (multimodal stand-ins) as pad."""
+        ids = input_ids.to(self.embed_tokens.weight.device)
+        if self.placeholders.numel():
+            ids = ids.masked_fill(torch.isin(ids, self.placeholders.to(ids.device)), self.pad_id)
+        return ids
 
     def _ids_of(self, embeds: torch.Tensor) -> torch.Tensor:
         """[B, T] token ids whose (scaled) embeddings are exactly `embeds` [B, T, H]."""

@@ -155,6 +155,19 @@ def test_backward_gradients_match_transformers(g4, cuts):
     assert (got - want).abs().max() < GRAD_TOL
 
 
+@torch.no_grad()
+def test_multimodal_placeholders_enter_the_text_tower_as_pad(g4):
+    """Image/audio/video stand-in ids (no features: DRIFT serves text) embed as the pad
+    token, in the embeddings and the per-layer inputs, as Gemma4Model does."""
+    ids = _ids(1, 10, seed=10)
+    ids[0, 2], ids[0, 5], ids[0, 7] = 250, 251, 252  # image, video, audio ids in tiny gemma4
+    embeds = g4.head.embed(ids)
+    hidden, _ = chain_forward(g4, g4.spans((3, 5)), embeds, g4.head.per_layer_inputs(ids, embeds))
+    assert (g4.head.logits(hidden) - g4.reference(ids).logits).abs().max() < LOGITS_TOL
+    pad = g4.head.embed(torch.zeros_like(ids))
+    assert torch.equal(embeds[0, 2], pad[0, 2]) == (g4.family == "gemma4")
+
+
 def test_sharing_plan_of_the_tiny_config():
     sharing = KVSharing.from_config(tiny_config("gemma4_text"))
     assert sharing.donors == (("full_attention", 2), ("sliding_attention", 3))

@@ -146,6 +146,11 @@ class Adapter:
     def build_embed_norm(self) -> torch.nn.Module | None:
         return None
 
+    def placeholder_ids(self) -> tuple[int, ...]:
+        """Token ids the text tower embeds as the pad token: a multimodal checkpoint's image,
+        audio and video stand-ins (DRIFT serves the text tower only)."""
+        return ()
+
     def build_per_layer(self) -> tuple[torch.nn.Module, str] | None:
         """(module computing per-layer inputs from ids and embeddings, its checkpoint prefix)."""
         return None

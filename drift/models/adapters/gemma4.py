@@ -140,6 +140,15 @@ class Gemma4MultimodalAdapter(Gemma4Adapter):
 
     def __init__(self, config: Any) -> None:
         super().__init__(config.get_text_config())
+        names = ("image_token_id", "video_token_id", "audio_token_id")
+        self._placeholders = tuple(
+            int(v) for v in (getattr(config, n, None) for n in names) if v is not None
+        )
+
+    def placeholder_ids(self) -> tuple[int, ...]:
+        """As Gemma4Model: these ids enter the text tower (embeddings and per-layer inputs) as
+        the pad token, where image/audio features would be scattered in."""
+        return self._placeholders
 
 
 class PerLayerInputs(nn.Module):

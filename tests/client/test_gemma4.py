@@ -1,0 +1,139 @@
+"""Gemma 4 through real servers on loopback with the SDK, against local transformers.
+
+Each swarm holds exactly the spans of one split (tests/models/gemma4_helpers.CUTS), so the
+client must carry per-layer inputs to every span and the shared K/V across each cut: dense,
+MoE, Unified and the multimodal checkpoint, at every split. A server dying mid-generation is
+replaced, also by a different split.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
+
+from drift.client import AutoDistributedModelForCausalLM
+from drift.models.checkpoint import open_checkpoint
+from tests.client.conftest import Swarm, stop_swarm
+from tests.models.gemma4_helpers import CUTS, NUM_BLOCKS
+from tests.tiny_models import GEMMA4_FAMILIES
+
+CASES = [(family, cuts) for family in GEMMA4_FAMILIES for cuts in CUTS]
+GREEDY = dict(max_new_tokens=20, min_new_tokens=20, do_sample=False, pad_token_id=0)
+
+
+def _ids(batch: int, tokens: int, seed: int) -> torch.Tensor:
+    return torch.randint(3, 249, (batch, tokens), generator=torch.Generator().manual_seed(seed))
+
+
+async def _swarm(model_dir: Path, spans: list[tuple[int, int]]) -> Swarm:
+    swarm = Swarm(model_dir, open_checkpoint(str(model_dir)).fingerprint, NUM_BLOCKS)
+    try:
+        for start, end in spans:
+            await swarm.add_server(start, end)
+    except BaseException:
+        await stop_swarm(swarm)
+        raise
+    return swarm
+
+
+def _spans(cuts: tuple[int, ...]) -> list[tuple[int, int]]:
+    bounds = [0, *cuts, NUM_BLOCKS]
+    return list(zip(bounds, bounds[1:], strict=False))
+
+
+def _check(model, local) -> None:
+    ids = _ids(2, 11, seed=0)
+    with torch.no_grad():
+        assert (model(ids).logits - local(ids).logits).abs().max() < 1e-5
+    one = ids[:1]
+    assert torch.equal(model.generate(one, **GREEDY), local.generate(one, **GREEDY))
+    beams = dict(max_new_tokens=6, min_new_tokens=6, num_beams=3, do_sample=False, pad_token_id=0)
+    assert torch.equal(model.generate(one, **beams), local.generate(one, **beams))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0  # a padded batch
+    padded = dict(GREEDY, max_new_tokens=8, min_new_tokens=8, attention_mask=mask)
+    assert torch.equal(model.generate(ids, **padded), local.generate(ids, **padded))
+    # backward: d(loss)/d(inputs_embeds) through hidden states, per-layer inputs, shared K/V
+    embeds = model.head.embed(ids)
+    mine = embeds.detach().requires_grad_(True)
+    model(inputs_embeds=mine, labels=ids).loss.backward()
+    ref = embeds.detach().requires_grad_(True)
+    local(inputs_embeds=ref, labels=ids).loss.backward()
+    assert mine.grad is not None and ref.grad is not None
+    assert (mine.grad - ref.grad).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize(("family", "cuts"), CASES)
+async def test_gemma4_through_the_swarm(tiny_dirs, family, cuts):
+    model_dir = tiny_dirs(family)
+    local = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    swarm = await _swarm(model_dir, _spans(cuts))
+    try:
+        model = await asyncio.to_thread(
+            AutoDistributedModelForCausalLM.from_pretrained, model_dir, initial_peers=swarm.token
+        )
+        try:
+            assert model.config.model_type.startswith("gemma4")
+            await asyncio.to_thread(_check, model, local)
+        finally:
+            await asyncio.to_thread(model.close)
+    finally:
+        await stop_swarm(swarm)
+
+
+class _KillAt(LogitsProcessor):
+    def __init__(self, at: int, kill) -> None:
+        self.calls, self.at, self.kill = 0, at, kill
+
+    def __call__(self, input_ids, scores):
+        self.calls += 1
+        if self.calls == self.at:
+            self.kill()
+        return scores
+
+
+async def test_failover_mid_generation_lands_on_replacements(tiny_dirs):
+    """[0,3) + [3,6) serve first; [3,6) dies: its history (with the K/V of donor 2 it read)
+    is replayed into [3,5) + [5,6), where donor 3's K/V now cross a cut. Then the donor span
+    [0,3) dies and its twin takes over."""
+    model_dir = tiny_dirs("gemma4_text")
+    local = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = _ids(1, 7, seed=3)
+    ref = local.generate(ids, **GREEDY)
+    swarm = await _swarm(model_dir, [(0, 3), (3, 6), (3, 5), (5, 6), (0, 3)])
+    loop = asyncio.get_running_loop()
+    try:
+        model = await asyncio.to_thread(
+            AutoDistributedModelForCausalLM.from_pretrained, model_dir, initial_peers=swarm.token
+        )
+        routes: list[list[tuple[int, int]]] = []
+
+        def kill(index: int):
+            def run():
+                session = model._owned[0].session
+                routes.append([(s.hop.start_block, s.hop.end_block) for s in session.spans])
+                victim = swarm.by_peer(session.spans[index].hop.peer_id)
+                asyncio.run_coroutine_threadsafe(swarm.stop(victim), loop).result()
+
+            return run
+
+        try:
+            for index in (-1, 0):
+                out = await asyncio.to_thread(
+                    model.generate, ids, **GREEDY,
+                    logits_processor=LogitsProcessorList([_KillAt(10, kill(index))]),
+                )  # fmt: skip
+                assert torch.equal(out, ref)
+                session_routes = routes[-1]
+                assert session_routes[0] == (0, 3), session_routes
+        finally:
+            await asyncio.to_thread(model.close)
+        assert routes[0] == [(0, 3), (3, 6)]  # the first kill hit [3, 6)
+        assert routes[1] == [(0, 3), (3, 5), (5, 6)]  # the second run had only the 3-way split
+        assert len(swarm.stopped) == 2
+    finally:
+        await stop_swarm(swarm)
