@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
 
-from drift.client import AutoDistributedModelForCausalLM
+from drift.client import AutoDistributedModelForCausalLM, ClientConfig
 from drift.models.checkpoint import open_checkpoint
 from tests.client.conftest import Swarm, stop_swarm
 from tests.models.gemma4_helpers import CUTS, NUM_BLOCKS
@@ -137,3 +137,41 @@ async def test_failover_mid_generation_lands_on_replacements(tiny_dirs):
         assert len(swarm.stopped) == 2
     finally:
         await stop_swarm(swarm)
+
+
+async def test_backward_reroutes_a_dead_hop_over_a_split_that_cuts_the_sharing(tiny_dirs):
+    """The forward ran on [0,6); before the backward it dies and only [0,3) + [3,6) are
+    left: the hop is redone over them (donor 2's K/V crossing) and the gradients stay exact.
+    A slice that would need K/V of blocks it does not run is refused."""
+    model_dir = tiny_dirs("gemma4_text")
+    local = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = _ids(2, 9, seed=4)
+    swarm = await _swarm(model_dir, [(0, 6)])
+    try:
+        model = await asyncio.to_thread(
+            AutoDistributedModelForCausalLM.from_pretrained, model_dir, initial_peers=swarm.token,
+            client_config=ClientConfig(swarm_refresh_s=0.1),
+        )  # fmt: skip
+        try:
+            embeds = model.head.embed(ids)
+            mine = embeds.detach().requires_grad_(True)
+            loss = await asyncio.to_thread(lambda: model(inputs_embeds=mine, labels=ids).loss)
+            for start, end in ((0, 3), (3, 6)):
+                await swarm.add_server(start, end)
+            # the client learns the new peers from the seed, then the seed ([0, 6)) dies
+            await asyncio.to_thread(model.client.run, model.client.swarm.refresh(force=True))
+            dead = swarm.servers[0].node.peer_id
+            await swarm.stop(swarm.servers[0])
+            await asyncio.sleep(0.2)  # past swarm_refresh_s
+            await asyncio.to_thread(loss.backward)
+            assert model.client.bans.is_banned(dead)  # the backward met it, then rerouted
+            with pytest.raises(ValueError, match="read the keys/values of block 2"):
+                model.model.layers[4:](embeds.detach())
+        finally:
+            await asyncio.to_thread(model.close)
+    finally:
+        await stop_swarm(swarm)
+    ref = embeds.detach().requires_grad_(True)
+    local(inputs_embeds=ref, labels=ids).loss.backward()
+    assert mine.grad is not None and ref.grad is not None
+    assert (mine.grad - ref.grad).abs().max() < 1e-4
