@@ -26,7 +26,7 @@ from drift.api.swarm import swarm_engine
 from drift.cli.generate import encode_prompt, generate, load_client
 from drift.identity.tokens import parse_join_tokens
 from tests.api.conftest import start_app
-from tests.client.conftest import Swarm, stop_swarm
+from tests.client.conftest import start_swarm, stop_swarm
 from tests.tiny_models import tiny_config
 
 pytestmark = pytest.mark.timeout(180)
@@ -91,26 +91,13 @@ def _local_reply(directory: Path, ids: torch.Tensor) -> tuple[list[int], str]:
     return out.tolist(), tokenizer.decode(out, skip_special_tokens=True)
 
 
-async def _swarm(directory: Path) -> Swarm:
-    from drift.models.checkpoint import open_checkpoint
-
-    swarm = Swarm(directory, open_checkpoint(str(directory)).fingerprint, 6)
-    try:
-        for start, end in ((0, 4), (4, 6)):  # blocks 4, 5 read K/V of donors 3 and 2
-            await swarm.add_server(start, end)
-    except BaseException:
-        await stop_swarm(swarm)
-        raise
-    return swarm
-
-
 async def test_drift_generate_renders_the_gemma4_template(chat_dir):
     tokenizer = PreTrainedTokenizerFast.from_pretrained(chat_dir)
     ids = encode_prompt(tokenizer, "Hi there")
     text = tokenizer.decode(ids[0])
     assert text == "<bos><|turn>user\nHi there<turn|>\n<|turn>model\n"
     reply_ids, reply = _local_reply(chat_dir, ids)
-    swarm = await _swarm(chat_dir)
+    swarm = await start_swarm(chat_dir, [(0, 4), (4, 6)])  # 4, 5 read K/V of 3 and 2
     try:
         tokens = parse_join_tokens(swarm.token)
         model, tok = await asyncio.to_thread(
@@ -137,7 +124,7 @@ async def test_drift_api_chat_uses_the_gemma4_template(chat_dir):
     assert rendered == "<bos><|turn>user\nHi there<turn|>\n<|turn>model\n"
     prompt = torch.tensor([tokenizer(rendered, add_special_tokens=False)["input_ids"]])
     reply_ids, reply = _local_reply(chat_dir, prompt)
-    swarm = await _swarm(chat_dir)
+    swarm = await start_swarm(chat_dir, [(0, 4), (4, 6)])  # 4, 5 read K/V of 3 and 2
     try:
         model = await asyncio.to_thread(
             AutoDistributedModelForCausalLM.from_pretrained, chat_dir, initial_peers=swarm.token

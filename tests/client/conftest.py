@@ -76,7 +76,8 @@ async def start_swarm(
     model_dir: Path, spans: list[tuple[int, int]], *, swarm_key: str | None = None
 ) -> Swarm:
     ckpt = open_checkpoint(str(model_dir))
-    swarm = Swarm(model_dir, ckpt.fingerprint, ckpt.config.num_hidden_layers, swarm_key)
+    blocks = ckpt.config.get_text_config().num_hidden_layers  # a multimodal one: its text tower
+    swarm = Swarm(model_dir, ckpt.fingerprint, blocks, swarm_key)
     try:
         for start, end in spans:
             await swarm.add_server(start, end)

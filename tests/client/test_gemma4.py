@@ -9,15 +9,14 @@ replaced, also by a different split.
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
+from transformers import AutoModelForCausalLM, LogitsProcessorList
 
 from drift.client import AutoDistributedModelForCausalLM, ClientConfig
-from drift.models.checkpoint import open_checkpoint
-from tests.client.conftest import Swarm, stop_swarm
+from tests.client.conftest import start_swarm, stop_swarm
+from tests.client.test_failover_ptune import _KillAt
 from tests.models.gemma4_helpers import CUTS, NUM_BLOCKS
 from tests.tiny_models import GEMMA4_FAMILIES
 
@@ -27,17 +26,6 @@ GREEDY = dict(max_new_tokens=20, min_new_tokens=20, do_sample=False, pad_token_i
 
 def _ids(batch: int, tokens: int, seed: int) -> torch.Tensor:
     return torch.randint(3, 249, (batch, tokens), generator=torch.Generator().manual_seed(seed))
-
-
-async def _swarm(model_dir: Path, spans: list[tuple[int, int]]) -> Swarm:
-    swarm = Swarm(model_dir, open_checkpoint(str(model_dir)).fingerprint, NUM_BLOCKS)
-    try:
-        for start, end in spans:
-            await swarm.add_server(start, end)
-    except BaseException:
-        await stop_swarm(swarm)
-        raise
-    return swarm
 
 
 def _spans(cuts: tuple[int, ...]) -> list[tuple[int, int]]:
@@ -71,7 +59,7 @@ def _check(model, local) -> None:
 async def test_gemma4_through_the_swarm(tiny_dirs, family, cuts):
     model_dir = tiny_dirs(family)
     local = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    swarm = await _swarm(model_dir, _spans(cuts))
+    swarm = await start_swarm(model_dir, _spans(cuts))
     try:
         model = await asyncio.to_thread(
             AutoDistributedModelForCausalLM.from_pretrained, model_dir, initial_peers=swarm.token
@@ -85,17 +73,6 @@ async def test_gemma4_through_the_swarm(tiny_dirs, family, cuts):
         await stop_swarm(swarm)
 
 
-class _KillAt(LogitsProcessor):
-    def __init__(self, at: int, kill) -> None:
-        self.calls, self.at, self.kill = 0, at, kill
-
-    def __call__(self, input_ids, scores):
-        self.calls += 1
-        if self.calls == self.at:
-            self.kill()
-        return scores
-
-
 async def test_failover_mid_generation_lands_on_replacements(tiny_dirs):
     """[0,3) + [3,6) serve first; [3,6) dies: its history (with the K/V of donor 2 it read)
     is replayed into [3,5) + [5,6), where donor 3's K/V now cross a cut. Then the donor span
@@ -104,7 +81,7 @@ async def test_failover_mid_generation_lands_on_replacements(tiny_dirs):
     local = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     ids = _ids(1, 7, seed=3)
     ref = local.generate(ids, **GREEDY)
-    swarm = await _swarm(model_dir, [(0, 3), (3, 6), (3, 5), (5, 6), (0, 3)])
+    swarm = await start_swarm(model_dir, [(0, 3), (3, 6), (3, 5), (5, 6), (0, 3)])
     loop = asyncio.get_running_loop()
     try:
         model = await asyncio.to_thread(
@@ -146,7 +123,7 @@ async def test_backward_reroutes_a_dead_hop_over_a_split_that_cuts_the_sharing(t
     model_dir = tiny_dirs("gemma4_text")
     local = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     ids = _ids(2, 9, seed=4)
-    swarm = await _swarm(model_dir, [(0, 6)])
+    swarm = await start_swarm(model_dir, [(0, 6)])
     try:
         model = await asyncio.to_thread(
             AutoDistributedModelForCausalLM.from_pretrained, model_dir, initial_peers=swarm.token,
