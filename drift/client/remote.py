@@ -39,7 +39,7 @@ class HopTrace:
     hidden: torch.Tensor  # [B, T, H] the hop's input
     extras: Tensors  # named tensors sent beside it (per-layer inputs, K/V it read)
     donate: tuple[int, ...]  # blocks whose keys/values it gave back
-    stop: int  # the chain donated keys/values to blocks before this one
+    stop: int  # the hop gave the K/V that blocks in [its end, stop) read
 
 
 def slice_prompts(prompts: torch.Tensor | None, start: int, hop: Hop) -> torch.Tensor | None:

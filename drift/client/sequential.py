@@ -100,6 +100,7 @@ class RemoteSequential(nn.Module):
     def inference_session(
         self, *, max_length: int, batch_size: int = 1, dtype: torch.dtype = torch.float32
     ) -> InferenceSession:
+        check_chain(self.client.sharing, self.start_block, self.end_block)
         return InferenceSession(self.client, self.start_block, self.end_block,
                                 max_length=max_length, batch_size=batch_size, dtype=dtype)  # fmt: skip
 

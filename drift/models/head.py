@@ -125,13 +125,16 @@ class ClientHead(torch.nn.Module):
         return ids
 
     def _ids_of(self, embeds: torch.Tensor) -> torch.Tensor:
-        """[B, T] token ids whose (scaled) embeddings are exactly `embeds` [B, T, H]."""
+        """[B, T] token ids whose embeddings are exactly `embeds` [B, T, H] (as transformers
+        recovers them for Gemma 4), without building the scaled table."""
         with torch.no_grad():
-            table = self.embed(torch.arange(self.embed_tokens.num_embeddings).unsqueeze(0))[0]
-            wanted = embeds.detach().to(table.dtype)
-            # the nearest row: argmax of 2 e.t - |t|^2, then checked to be exact
-            found = (2 * wanted @ table.T - (table * table).sum(-1)).argmax(-1)  # [B, T]
-            if not torch.equal(table[found], wanted):
+            weight = self.embed_tokens.weight  # [V, H]
+            scale = float(self.embed_scale or 1.0)
+            wanted = embeds.detach().to(weight.dtype)
+            # the nearest row of scale * W: argmax of 2 s e.w - s^2 |w|^2, then checked exact
+            norms = torch.linalg.vector_norm(weight, dim=-1) ** 2  # [V]
+            found = (2 * scale * (wanted @ weight.T) - scale**2 * norms).argmax(-1)  # [B, T]
+            if not torch.equal(self.embed(found), wanted):
                 raise BadTensor(
                     "Gemma 4's per-layer inputs need the token ids: pass input_ids (or "
                     "inputs_embeds that are exact rows of the embedding table)"

@@ -44,9 +44,8 @@ class SpanBackend:
 
     def extra_spec(self, start_block: int, end_block: int) -> ExtraSpec:
         """What a request for [start_block, end_block) carries beside hidden_states (Gemma 4):
-        the wire edge validates against it. Empty for a span not held here (check refuses)."""
-        if not self.start_block <= start_block < end_block <= self.end_block:
-            return ExtraSpec()
+        the wire edge validates against it, so a span not held here is refused first."""
+        self.check_span(start_block, end_block)
         return self.span.extra_spec(start_block, end_block)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -59,16 +58,19 @@ class SpanBackend:
                 f"this server serves {self.model_name} (fingerprint {self.fingerprint[:12]}), "
                 f"not {model[:64]}"
             )
+        self.check_span(start_block, end_block)
+        if batch > self.max_batch_size:
+            raise BadRequest(
+                f"batch size {batch} exceeds this server's max of {self.max_batch_size}"
+            )
+
+    def check_span(self, start_block: int, end_block: int) -> None:
         if not (self.start_block <= start_block and end_block <= self.end_block):
             raise SpanNotServed(
                 f"blocks [{start_block}, {end_block}) are not all held here: this server "
                 f"holds [{self.start_block}, {self.end_block})",
                 start_block=self.start_block,
                 end_block=self.end_block,
-            )
-        if batch > self.max_batch_size:
-            raise BadRequest(
-                f"batch size {batch} exceeds this server's max of {self.max_batch_size}"
             )
 
     async def forward(self, req: ForwardRequest) -> ForwardResponse:

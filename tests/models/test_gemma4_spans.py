@@ -168,6 +168,21 @@ def test_multimodal_placeholders_enter_the_text_tower_as_pad(g4):
     assert torch.equal(embeds[0, 2], pad[0, 2]) == (g4.family == "gemma4")
 
 
+@torch.no_grad()
+def test_per_layer_inputs_from_embeddings_alone(g4):
+    """Without ids (generate from inputs_embeds) they are recovered from exact rows."""
+    if g4.head.per_layer is None:
+        assert g4.head.per_layer_inputs(None, torch.randn(1, 2, 64)) is None
+        return
+    ids = _ids(2, 6, seed=11)
+    embeds = g4.head.embed(ids)
+    assert torch.equal(
+        g4.head.per_layer_inputs(None, embeds), g4.head.per_layer_inputs(ids, embeds)
+    )
+    with pytest.raises(BadTensor, match="pass input_ids"):
+        g4.head.per_layer_inputs(None, embeds + 0.01)
+
+
 def test_sharing_plan_of_the_tiny_config():
     sharing = KVSharing.from_config(tiny_config("gemma4_text"))
     assert sharing.donors == (("full_attention", 2), ("sliding_attention", 3))

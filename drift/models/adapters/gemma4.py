@@ -35,10 +35,6 @@ class Gemma4Adapter(Adapter):
         super().__init__(config)
         if getattr(self.config, "use_bidirectional_attention", None) == "all":
             raise BadRequest("Gemma 4 with use_bidirectional_attention='all' is not a causal LM")
-        if self.sharing.consumers and not self.sharing.donors:
-            raise BadRequest(
-                "every block of this Gemma 4 config reuses keys/values: none computes them"
-            )
         self.per_layer = int(getattr(self.config, "hidden_size_per_layer_input", 0) or 0)
 
     # --- structure -------------------------------------------------------------------------
