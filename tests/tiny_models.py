@@ -1,8 +1,10 @@
 """Tiny random-weight models of every supported family, saved as safetensors directories.
 
 Each config is small (hidden 64, 4-6 layers) but keeps what makes its family different:
-sliding windows, per-layer types, MoE, latent attention, ALiBi. `save_tiny(family, dir)`
-writes `config.json` + `model.safetensors` and returns the directory.
+sliding windows, per-layer types, MoE, latent attention, ALiBi, Gemma 4's per-layer inputs
+and shared keys/values. `save_tiny(family, dir)` writes `config.json` + `model.safetensors`
+and returns the directory. Gemma 4 (GEMMA4_FAMILIES) stays out of FAMILIES: its spans take
+named tensors beside the hidden states, which the family-generic tests do not send.
 """
 
 from __future__ import annotations
@@ -111,9 +113,72 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
 
 FAMILIES = sorted(TINY_CONFIGS)
 
+# Gemma 4: 6 blocks s s f s s f; blocks 4 (s) and 5 (f) reuse the keys/values of their
+# donors 3 (s) and 2 (f). Sliding window 8, per-layer inputs of 16, full layers' head dim 32.
+_GEMMA4_TEXT: dict[str, Any] = dict(
+    num_hidden_layers=6,
+    head_dim=16,
+    global_head_dim=32,
+    sliding_window=8,
+    layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+    num_kv_shared_layers=2,
+    final_logit_softcapping=30.0,
+    **{**_COMMON, "tie_word_embeddings": True},
+)
+_GEMMA4_PLE: dict[str, Any] = dict(hidden_size_per_layer_input=16, vocab_size_per_layer_input=256)
+GEMMA4_CONFIGS: dict[str, dict[str, Any]] = {
+    "gemma4_text": dict(model_type="gemma4_text", **_GEMMA4_TEXT, **_GEMMA4_PLE),
+    "gemma4_moe": dict(
+        model_type="gemma4_text",
+        enable_moe_block=True,
+        num_experts=4,
+        top_k_experts=2,
+        moe_intermediate_size=32,
+        **{**_GEMMA4_TEXT, "tie_word_embeddings": False},
+        **_GEMMA4_PLE,
+    ),
+    # Unified: no per-layer inputs, full layers with k = v and one key/value head
+    "gemma4_unified_text": dict(
+        model_type="gemma4_unified_text",
+        attention_k_eq_v=True,
+        num_global_key_value_heads=1,
+        **_GEMMA4_TEXT,
+    ),
+    # the multimodal checkpoint: text tower + a one-layer vision and audio tower
+    "gemma4": dict(
+        model_type="gemma4",
+        text_config=dict(**_GEMMA4_TEXT, **_GEMMA4_PLE),
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            head_dim=16,
+        ),
+        audio_config=dict(
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            subsampling_conv_channels=[8, 4],
+            output_proj_dims=32,
+            conv_kernel_size=3,
+        ),
+        image_token_id=250,
+        video_token_id=251,
+        audio_token_id=252,
+        boi_token_id=253,
+        eoi_token_id=254,
+        boa_token_id=255,
+        eoa_token_index=249,
+    ),  # fmt: skip
+}
+GEMMA4_FAMILIES = sorted(GEMMA4_CONFIGS)
+_ALL_CONFIGS = {**TINY_CONFIGS, **GEMMA4_CONFIGS}
+
 
 def tiny_config(family: str):
-    params = dict(TINY_CONFIGS[family])
+    params = dict(_ALL_CONFIGS[family])
     model_type = params.pop("model_type")
     return AutoConfig.for_model(model_type, **params)
 

@@ -83,7 +83,9 @@ def run(args: argparse.Namespace) -> int:
     except DriftError as exc:
         print(f"drift demo: {exc.message}", file=sys.stderr)
         return 1
-    spans = overlapping_spans(int(ckpt.config.num_hidden_layers), args.num_servers)
+    spans = overlapping_spans(
+        int(ckpt.config.get_text_config().num_hidden_layers), args.num_servers
+    )
     work = Path(tempfile.mkdtemp(prefix="drift-demo-"))
     deadline = time.monotonic() + args.timeout
     procs: list[subprocess.Popen[bytes]] = []

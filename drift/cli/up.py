@@ -133,7 +133,7 @@ def pick_num_blocks(cfg: UpConfig, ckpt: Any) -> int | None:
 
     device = pick_device(cfg.server.device)
     dtype = parse_dtype(cfg.server.torch_dtype, device)
-    cap = choose_num_blocks(ckpt.config, device, dtype, quant=cfg.quant_type,
+    cap = choose_num_blocks(ckpt.config.get_text_config(), device, dtype, quant=cfg.quant_type,
                             cache_tokens=cfg.server.attn_cache_tokens)  # fmt: skip
     say(f"memory: {cap.explain()}")
     return cap.num_blocks

@@ -34,7 +34,9 @@ class DistributedModelForSequenceClassification(DistributedPreTrainedModel):
                 raise ValueError("give input_ids or inputs_embeds")
             inputs_embeds = self.head.embed(input_ids)  # [B, T, H]
         embeds, mask, prompts, p = self._prompt_inputs(inputs_embeds, attention_mask)
-        hidden = self.model.layers(embeds, attention_mask=mask, prompts=prompts)[:, p:]
+        pli = self._per_layer(input_ids, embeds, p)
+        hidden = self.model.layers(embeds, attention_mask=mask, prompts=prompts,
+                                   per_layer_inputs=pli)[:, p:]  # fmt: skip
         hidden = self.head.norm(hidden.to(self.head.dtype))
         if attention_mask is None:
             last = torch.full((hidden.shape[0],), hidden.shape[1] - 1)

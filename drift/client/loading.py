@@ -86,7 +86,7 @@ def load_parts(
     key = config.swarm_key or swarm_key or (token_keys[0] if token_keys else None)
     if key != config.swarm_key:
         config = dataclasses.replace(config, swarm_key=key)
-    client = RemoteClient(tokens, ckpt.fingerprint, config)
+    client = RemoteClient(tokens, ckpt.fingerprint, config, head.sharing)
     return ckpt, head, client, torch_dt
 
 

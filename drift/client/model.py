@@ -52,10 +52,10 @@ class DistributedPreTrainedModel(PreTrainedModel):
                pre_seq_len: int) -> None:  # fmt: skip
         self.head = head
         self.client = client
-        self.num_blocks = _num_blocks(ckpt.config)
+        self.num_blocks = _num_blocks(self.config)
         self.model = DistributedBackbone(head, RemoteSequential(client, 0, self.num_blocks))
         self.ptune = (
-            PromptTuning(tuning_mode, pre_seq_len, ckpt.config.hidden_size, self.num_blocks)
+            PromptTuning(tuning_mode, pre_seq_len, self.config.hidden_size, self.num_blocks)
             if tuning_mode
             else None
         )
@@ -77,7 +77,7 @@ class DistributedPreTrainedModel(PreTrainedModel):
             torch_dtype=torch_dtype, client_config=client_config, cache_dir=cache_dir,
             revision=revision,
         )  # fmt: skip
-        config = ckpt.config
+        config = ckpt.config.get_text_config()  # a multimodal checkpoint: its text tower
         for key, value in config_overrides.items():
             setattr(config, key, value)
         model = cls(config)
@@ -106,6 +106,14 @@ class DistributedPreTrainedModel(PreTrainedModel):
         if mask is not None:
             mask = torch.cat([mask.new_ones(b, p), mask], dim=1)
         return embeds, mask, self.ptune.prompts(b, embeds.dtype), p
+
+    def _per_layer(
+        self, input_ids: torch.Tensor | None, embeds: torch.Tensor, prefix: int
+    ) -> torch.Tensor | None:
+        """Gemma 4's per-layer inputs [B, prefix + T, L, P] for embeds [B, prefix + T, H]
+        (with grad through the embeddings); None for other families."""
+        pli = self.head.per_layer_inputs(input_ids, embeds, prefix=prefix)
+        return None if pli is None else pli.to(embeds.dtype)
 
     @property
     def _active(self) -> RemoteCache | None:
@@ -222,7 +230,10 @@ class DistributedModelForCausalLM(DistributedPreTrainedModel, GenerationMixin):
         t = embeds.shape[1]
         if cache is None:
             embeds, mask, prompts, p = self._prompt_inputs(embeds, mask)
-            return self.model.layers(embeds, attention_mask=mask, prompts=prompts)[:, p:]
+            pli = self._per_layer(input_ids, embeds, p)
+            hidden = self.model.layers(embeds, attention_mask=mask, prompts=prompts,
+                                       per_layer_inputs=pli)  # fmt: skip
+            return hidden[:, p:]
         new_mask = (
             mask[:, -t:] if mask is not None else torch.ones(embeds.shape[:2], dtype=torch.long)
         )
@@ -235,9 +246,10 @@ class DistributedModelForCausalLM(DistributedPreTrainedModel, GenerationMixin):
             cache.prefix_length = p
         send_mask = None if bool(new_mask.all()) else new_mask
         with torch.no_grad():
+            pli = self._per_layer(input_ids, embeds, p)
             hidden = cache.session.step(
                 embeds.detach(), hypo_ids=cache.take_hypo_ids(), attention_mask=send_mask,
-                prompts=None if prompts is None else prompts.detach(),
+                prompts=None if prompts is None else prompts.detach(), per_layer_inputs=pli,
             )  # fmt: skip
         cache.record(input_ids, new_mask[:, p:])
         return hidden[:, p:].to(embeds.dtype)

@@ -2,12 +2,15 @@
 
 `RemoteClient` runs stateless forward and backward over a chain of servers, rerouting
 around failing peers (banned with backoff, bounded retries), and opens inference sessions.
-Every public method is a coroutine run on the client's loop; `run` is the sync bridge.
+Gemma 4's per-layer inputs and shared keys/values travel beside the hidden states
+(drift.client.extras). Every public method is a coroutine run on the client's loop; `run`
+is the sync bridge.
 """
 
 from __future__ import annotations
 
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import aiohttp
@@ -16,13 +19,27 @@ import torch
 from drift.client import transport
 from drift.client.bans import BanList
 from drift.client.config import ClientConfig
+from drift.client.extras import Tensors, add_grads, hop_extras
 from drift.client.loop import LoopThread
 from drift.client.routing import Hop, LatencyModel, inference_route, spread_route
 from drift.client.swarm_view import SwarmView
 from drift.identity.tokens import JoinToken
+from drift.models.sharing import KVSharing
 from drift.wire.errors import DriftError, MissingBlocks
+from drift.wire.extras import PER_LAYER_INPUTS, kv_names
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class HopTrace:
+    """What one hop of a forward was given: enough to run its backward (or redo it)."""
+
+    hop: Hop
+    hidden: torch.Tensor  # [B, T, H] the hop's input
+    extras: Tensors  # named tensors sent beside it (per-layer inputs, K/V it read)
+    donate: tuple[int, ...]  # blocks whose keys/values it gave back
+    stop: int  # the hop gave the K/V that blocks in [its end, stop) read
 
 
 def slice_prompts(prompts: torch.Tensor | None, start: int, hop: Hop) -> torch.Tensor | None:
@@ -34,10 +51,12 @@ def slice_prompts(prompts: torch.Tensor | None, start: int, hop: Hop) -> torch.T
 
 class RemoteClient:
     def __init__(
-        self, initial_peers: tuple[JoinToken, ...], model_fingerprint: str, config: ClientConfig
-    ) -> None:
+        self, initial_peers: tuple[JoinToken, ...], model_fingerprint: str, config: ClientConfig,
+        sharing: KVSharing | None = None,
+    ) -> None:  # fmt: skip
         self.config = config
         self.model_fingerprint = model_fingerprint
+        self.sharing = sharing or KVSharing()  # which blocks read other blocks' keys/values
         self.loop = LoopThread()
         self.bans = BanList(config.ban_base_s, config.ban_max_s)
         self.http: aiohttp.ClientSession = self.loop.run(self._make_http())
@@ -94,61 +113,94 @@ class RemoteClient:
     async def forward(
         self, hidden: torch.Tensor, start: int, end: int, *,
         attention_mask: torch.Tensor | None = None, prompts: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, list[tuple[Hop, torch.Tensor]]]:  # fmt: skip
-        """Hidden states through [start, end); also each hop with the input it was given."""
-        trace: list[tuple[Hop, torch.Tensor]] = []
+        per_layer: torch.Tensor | None = None, shared: Tensors | None = None,
+        stop: int | None = None,
+    ) -> tuple[torch.Tensor, list[HopTrace]]:  # fmt: skip
+        """Hidden states through [start, end); also what each hop was given. `per_layer`
+        [B, T, end - start, P] and `shared` (K/V of donors before `start`) are Gemma 4's; hops
+        give back the K/V that blocks in [their end, `stop` (default end)) read."""
+        shared = dict(shared or {})
+        stop = end if stop is None else stop
+        trace: list[HopTrace] = []
         block, attempts = start, 0
         while block < end:
             hops = await self.route(block, end)
             for hop in hops:
+                extras = hop_extras(self.sharing, start, hop.start_block, hop.end_block,
+                                    per_layer, shared)  # fmt: skip
+                donate = self.sharing.donated(hop.start_block, hop.end_block, stop)
                 try:
-                    out = await transport.forward(
+                    reply = await transport.forward(
                         self.http, hop, self.model_fingerprint, hidden, self.config,
                         attention_mask=attention_mask, prompts=slice_prompts(prompts, start, hop),
+                        extras=extras, donate=donate,
                     )  # fmt: skip
                 except DriftError as exc:
                     attempts = self.count_failure(exc, hop, attempts)
                     break
                 self.bans.success(hop.peer_id)
-                trace.append((hop, hidden))
-                hidden, block = out, hop.end_block
+                trace.append(HopTrace(hop, hidden, extras, donate, stop))
+                shared.update(reply.extras)
+                hidden, block = reply.hidden_states, hop.end_block
         return hidden, trace
 
     async def backward(
-        self, trace: list[tuple[Hop, torch.Tensor]], grad: torch.Tensor, start: int, *,
+        self, trace: list[HopTrace], grad: torch.Tensor, start: int, *,
         attention_mask: torch.Tensor | None = None, prompts: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
-        """Gradients w.r.t. the chain's input (and its deep prompts) from a forward's trace."""
+        per_layer: torch.Tensor | None = None, grad_shared: Tensors | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, Tensors]:  # fmt: skip
+        """Gradients from a forward's trace w.r.t. the chain's input, its deep prompts, its
+        per-layer inputs, and the K/V it read from donors before `start`. `grad_shared`:
+        gradients w.r.t. the K/V the chain gave to blocks after it."""
         grad_prompts = torch.zeros_like(prompts) if prompts is not None else None
-        for hop, inputs in reversed(trace):
-            grad, g_prompts = await self._backward_hop(
-                hop, inputs, grad, start, attention_mask, prompts
+        grad_per_layer = torch.zeros_like(per_layer) if per_layer is not None else None
+        grad_kv = dict(grad_shared or {})
+        for step in reversed(trace):
+            hop = step.hop
+            grad_out = {n: grad_kv.pop(n) for d in step.donate for n in kv_names(d) if n in grad_kv}
+            grad, g_prompts, g_extras = await self._backward_hop(
+                step, grad, start, attention_mask, prompts, grad_out
             )
             if grad_prompts is not None and g_prompts is not None:
                 grad_prompts[hop.start_block - start : hop.end_block - start] += g_prompts
-        return grad, grad_prompts
+            g_per_layer = g_extras.pop(PER_LAYER_INPUTS, None)
+            if grad_per_layer is not None and g_per_layer is not None:
+                grad_per_layer[:, :, hop.start_block - start : hop.end_block - start] += g_per_layer
+            add_grads(grad_kv, g_extras)
+        return grad, grad_prompts, grad_per_layer, grad_kv
 
     async def _backward_hop(
-        self, hop: Hop, inputs: torch.Tensor, grad: torch.Tensor, start: int,
-        mask: torch.Tensor | None, prompts: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+        self, step: HopTrace, grad: torch.Tensor, start: int,
+        mask: torch.Tensor | None, prompts: torch.Tensor | None, grad_out: Tensors,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, Tensors]:  # fmt: skip
         attempts = 0
+        hop = step.hop
+        sub_prompts = slice_prompts(prompts, start, step.hop)
         while True:
             try:
-                return await transport.backward(
-                    self.http, hop, self.model_fingerprint, inputs, grad, self.config,
-                    attention_mask=mask, prompts=slice_prompts(prompts, start, hop),
+                reply = await transport.backward(
+                    self.http, hop, self.model_fingerprint, step.hidden, grad, self.config,
+                    attention_mask=mask, prompts=sub_prompts, extras=step.extras,
+                    grad_extras=grad_out,
                 )  # fmt: skip
+                return reply.grad_inputs, reply.grad_prompts, dict(reply.grad_extras)
             except DriftError as exc:
                 attempts = self.count_failure(exc, hop, attempts)
             # another server for exactly this span: forward through its chain, then backward
-            sub_prompts = slice_prompts(prompts, start, hop)
+            a, b = step.hop.start_block, step.hop.end_block
+            per_layer = step.extras.get(PER_LAYER_INPUTS)
+            read = {k: v for k, v in step.extras.items() if k != PER_LAYER_INPUTS}
             _, sub_trace = await self.forward(
-                inputs, hop.start_block, hop.end_block, attention_mask=mask, prompts=sub_prompts
-            )
+                step.hidden, a, b, attention_mask=mask, prompts=sub_prompts, per_layer=per_layer,
+                shared=read, stop=step.stop,
+            )  # fmt: skip
             if len(sub_trace) == 1:
-                hop = sub_trace[0][0]
+                hop = sub_trace[0].hop
                 continue
-            return await self.backward(
-                sub_trace, grad, hop.start_block, attention_mask=mask, prompts=sub_prompts
-            )
+            g, g_prompts, g_per_layer, g_kv = await self.backward(
+                sub_trace, grad, a, attention_mask=mask, prompts=sub_prompts,
+                per_layer=per_layer, grad_shared=grad_out,
+            )  # fmt: skip
+            if g_per_layer is not None:
+                g_kv[PER_LAYER_INPUTS] = g_per_layer
+            return g, g_prompts, g_kv

@@ -67,7 +67,10 @@ async def post_frame(
     message: Any,
     reply_cls: Any,
     config: ClientConfig,
+    **expect: Any,
 ) -> Any:
+    """POST `message` as a frame; the reply decoded as `reply_cls` (expect: its from_wire's
+    keyword checks, e.g. the blocks whose K/V were asked back)."""
     data, headers = _body(message, config, f"/{route}")
     try:
         async with http.post(
@@ -77,29 +80,31 @@ async def post_frame(
             body = await resp.read()
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         raise PeerUnavailable(f"{hop.peer_id} at {hop.addr}: {exc!r}", peer_id=hop.peer_id) from exc
-    return m.decode(reply_cls, body)
+    return m.decode(reply_cls, body, **expect)
 
 
 async def forward(
     http: aiohttp.ClientSession, hop: Hop, model: str, hidden: torch.Tensor,
     config: ClientConfig, *,
     attention_mask: torch.Tensor | None = None, prompts: torch.Tensor | None = None,
-) -> torch.Tensor:  # fmt: skip
-    req = m.ForwardRequest(model, hop.start_block, hop.end_block, hidden, attention_mask, prompts)
-    reply = await post_frame(http, hop, "forward", req, m.ForwardResponse, config)
-    return reply.hidden_states
+    extras: dict[str, torch.Tensor] | None = None, donate: tuple[int, ...] = (),
+) -> m.ForwardResponse:  # fmt: skip
+    req = m.ForwardRequest(model, hop.start_block, hop.end_block, hidden, attention_mask, prompts,
+                           extras or {}, donate)  # fmt: skip
+    return await post_frame(http, hop, "forward", req, m.ForwardResponse, config, donate=donate)
 
 
 async def backward(
     http: aiohttp.ClientSession, hop: Hop, model: str, hidden: torch.Tensor,
     grad_outputs: torch.Tensor, config: ClientConfig, *,
     attention_mask: torch.Tensor | None = None, prompts: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
-    req = m.BackwardRequest(
-        model, hop.start_block, hop.end_block, hidden, grad_outputs, attention_mask, prompts
-    )
-    reply = await post_frame(http, hop, "backward", req, m.BackwardResponse, config)
-    return reply.grad_inputs, reply.grad_prompts
+    extras: dict[str, torch.Tensor] | None = None,
+    grad_extras: dict[str, torch.Tensor] | None = None,
+) -> m.BackwardResponse:  # fmt: skip
+    req = m.BackwardRequest(model, hop.start_block, hop.end_block, hidden, grad_outputs,
+                            attention_mask, prompts, extras or {}, grad_extras or {})  # fmt: skip
+    return await post_frame(http, hop, "backward", req, m.BackwardResponse, config,
+                            extras=tuple(req.extras))  # fmt: skip
 
 
 class SpanSocket:
@@ -162,10 +167,12 @@ class SpanSocket:
     async def step(
         self, hidden: torch.Tensor, position: int, *,
         hypo_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
-        prompts: torch.Tensor | None = None,
-    ) -> torch.Tensor:  # fmt: skip
+        prompts: torch.Tensor | None = None, extras: dict[str, torch.Tensor] | None = None,
+        donate: tuple[int, ...] = (),
+    ) -> m.StepResponse:  # fmt: skip
         self._step_id += 1
-        req = m.StepRequest(self._step_id, position, hidden, hypo_ids, attention_mask, prompts)
+        req = m.StepRequest(self._step_id, position, hidden, hypo_ids, attention_mask, prompts,
+                            extras or {}, donate)  # fmt: skip
         try:
             await self.ws.send_bytes(m.encode(req))
         except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
@@ -174,11 +181,11 @@ class SpanSocket:
         if msg.type == aiohttp.WSMsgType.TEXT:
             self._raise_if_error(orjson.loads(msg.data))
             raise PeerUnavailable(f"{self.hop.peer_id}: unexpected text reply to a step")
-        reply = m.decode(m.StepResponse, msg.data)
+        reply = m.decode(m.StepResponse, msg.data, donate=donate)
         if reply.step_id != self._step_id:
             raise PeerUnavailable(f"{self.hop.peer_id}: reply to step {reply.step_id}, "
                                   f"expected {self._step_id}")  # fmt: skip
-        return reply.hidden_states
+        return reply
 
     async def close(self) -> None:
         if not self.ws.closed:

@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import CacheLayerMixin, DynamicSlidingWindowLayer
+from transformers.cache_utils import CacheLayerMixin, DummyLayer, DynamicSlidingWindowLayer
 
 
 def new_cache(config: Any) -> DynamicCache:
@@ -31,8 +31,11 @@ def cache_length(cache: DynamicCache, first_layer: int) -> int:
 def _filled_layers(
     cache: DynamicCache,
 ) -> Iterator[tuple[CacheLayerMixin, torch.Tensor, torch.Tensor]]:
-    """Each layer holding cached tokens, with its keys and values (empty layers skipped)."""
+    """Each layer holding cached tokens, with its keys and values (empty layers skipped, and
+    the dummies of blocks that read another block's keys/values: Gemma 4)."""
     for layer in cache.layers:
+        if isinstance(layer, DummyLayer):
+            continue
         if not isinstance(layer, CacheLayerMixin):
             raise TypeError(f"{type(layer).__name__} holds no key/value cache to reorder or trim")
         keys, values = layer.keys, layer.values

@@ -1,7 +1,8 @@
 """ClientHead: what a client holds of a model: embeddings, final norm and the LM head.
 
 Loads only those tensors. Applies the family's client-side pieces from its adapter: gemma's
-embedding scale, bloom's embedding layernorm, gemma2's final logit softcapping, tied heads.
+embedding scale, bloom's embedding layernorm, gemma2's final logit softcapping, tied heads,
+Gemma 4's per-layer inputs (computed here from the token ids, sent to every span).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 import torch
 
 from drift.models.registry import get_adapter
+from drift.models.sharing import KVSharing
 from drift.wire.errors import BadRequest, BadTensor
 
 
@@ -22,6 +24,7 @@ class ClientHead(torch.nn.Module):
         norm: torch.nn.Module,
         lm_head: torch.nn.Linear,
         embed_norm: torch.nn.Module | None,
+        per_layer: torch.nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.adapter = adapter
@@ -32,10 +35,19 @@ class ClientHead(torch.nn.Module):
         self.embed_norm = embed_norm
         self.embed_scale = adapter.embed_scale()
         self.softcap = adapter.logit_softcap()
+        self.per_layer = per_layer  # Gemma 4: per-layer input embeddings and projection
+        self.pad_id = int(getattr(self.config, "pad_token_id", None) or 0)
+        # ids embedded as the pad token (a multimodal checkpoint's image/audio stand-ins)
+        self.placeholders = torch.tensor(adapter.placeholder_ids(), dtype=torch.long)
 
     @property
     def dtype(self) -> torch.dtype:
         return self.embed_tokens.weight.dtype
+
+    @property
+    def sharing(self) -> KVSharing:
+        """Which blocks reuse other blocks' keys/values (the client carries them between)."""
+        return self.adapter.sharing
 
     @classmethod
     def load(
@@ -64,7 +76,12 @@ class ClientHead(torch.nn.Module):
             prefix = adapter.embed_norm_prefix
             assert prefix is not None, f"{type(adapter).__name__} builds an unnamed embedding norm"
             embed_norm = _loaded(embed_norm, read(prefix), "embedding norm")
-        head = cls(adapter, embed, norm.to(device, dtype), lm_head, embed_norm)
+        per_layer = None
+        if (built := adapter.build_per_layer()) is not None:
+            module, prefix = built  # read by exact names: never the blocks under the prefix
+            state = {name: _one(ckpt, prefix + name, read) for name in module.state_dict()}
+            per_layer = _loaded(module, state, "per-layer input embeddings").to(device, dtype)
+        head = cls(adapter, embed, norm.to(device, dtype), lm_head, embed_norm, per_layer)
         head.requires_grad_(False)
         return head.eval()
 
@@ -77,12 +94,52 @@ class ClientHead(torch.nn.Module):
         vocab = self.embed_tokens.num_embeddings
         if bool(((input_ids < 0) | (input_ids >= vocab)).any()):
             raise BadTensor(f"input_ids must lie in [0, {vocab})")
-        hidden = self.embed_tokens(input_ids.to(self.embed_tokens.weight.device))
+        hidden = self.embed_tokens(self._text_ids(input_ids))
         if self.embed_scale is not None:
             hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
         if self.embed_norm is not None:
             hidden = self.embed_norm(hidden)
         return hidden
+
+    def per_layer_inputs(
+        self, input_ids: torch.Tensor | None, embeds: torch.Tensor, *, prefix: int = 0
+    ) -> torch.Tensor | None:
+        """[B, prefix + T, L, P] per-layer inputs for embeds [B, prefix + T, H] (None for
+        families without them). `prefix` soft tokens (prompt tuning) count as the pad token,
+        as transformers does for image tokens; without input_ids the ids are recovered from
+        the embeddings, which must then be exact rows of the embedding table."""
+        if self.per_layer is None:
+            return None
+        if input_ids is None:
+            input_ids = self._ids_of(embeds[:, prefix:])
+        ids = self._text_ids(input_ids)
+        if prefix:
+            ids = torch.cat([ids.new_full((ids.shape[0], prefix), self.pad_id), ids], dim=1)
+        return self.per_layer(ids, embeds.to(self.dtype))
+
+    def _text_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The ids on the embeddings' device, placeholders (multimodal stand-ins) as pad."""
+        ids = input_ids.to(self.embed_tokens.weight.device)
+        if self.placeholders.numel():
+            ids = ids.masked_fill(torch.isin(ids, self.placeholders.to(ids.device)), self.pad_id)
+        return ids
+
+    def _ids_of(self, embeds: torch.Tensor) -> torch.Tensor:
+        """[B, T] token ids whose embeddings are exactly `embeds` [B, T, H] (as transformers
+        recovers them for Gemma 4), without building the scaled table."""
+        with torch.no_grad():
+            weight = self.embed_tokens.weight  # [V, H]
+            scale = float(self.embed_scale or 1.0)
+            wanted = embeds.detach().to(weight.dtype)
+            # the nearest row of scale * W: argmax of 2 s e.w - s^2 |w|^2, then checked exact
+            norms = torch.linalg.vector_norm(weight, dim=-1) ** 2  # [V]
+            found = (2 * scale * (wanted @ weight.T) - scale**2 * norms).argmax(-1)  # [B, T]
+            if not torch.equal(self.embed(found), wanted):
+                raise BadTensor(
+                    "Gemma 4's per-layer inputs need the token ids: pass input_ids (or "
+                    "inputs_embeds that are exact rows of the embedding table)"
+                )
+        return found
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[B, T, H] output of the last block -> [B, T, V] logits (final norm + head)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drift.models.adapters import alibi, gemma, llama  # noqa: F401  (registers the families)
+from drift.models.adapters import alibi, gemma, gemma4, llama  # noqa: F401  (registers the families)
 from drift.models.adapters.base import ADAPTERS, Adapter
 from drift.wire.errors import BadRequest
 

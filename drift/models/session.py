@@ -8,6 +8,7 @@ loose tensors and validates them (drift.wire.checks, the same checks the wire ed
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import torch
@@ -15,6 +16,7 @@ import torch
 from drift.models.cache import cache_length, new_cache, reorder, rollback
 from drift.wire.checks import StepLimits, check_pass, check_step_limits
 from drift.wire.errors import BadRequest, LengthExceeded
+from drift.wire.extras import ExtraSpec
 
 
 class SpanLayers(Protocol):
@@ -29,7 +31,10 @@ class SpanLayers(Protocol):
 
     def run_layers(self, layer_ids: tuple[int, ...], hidden: torch.Tensor,
                    mask_2d: torch.Tensor, cache: Any, prompts: torch.Tensor | None,
-                   offset: int) -> torch.Tensor: ...  # fmt: skip
+                   offset: int, extras: Mapping[str, torch.Tensor] | None = None,
+                   donate: tuple[int, ...] = ()) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...  # fmt: skip
+
+    def extra_spec(self, start_block: int, end_block: int) -> ExtraSpec: ...
 
 
 class SpanSession:
@@ -52,8 +57,11 @@ class SpanSession:
         self.start_block, self.end_block = start_block, end_block
         self.batch_size, self.max_length = int(batch_size), int(max_length)
         self.limits = StepLimits(int(span.adapter.hidden_size), self.batch_size,
-                                 self.max_length, end_block - start_block)  # fmt: skip
+                                 self.max_length, end_block - start_block,
+                                 extras=span.extra_spec(start_block, end_block))  # fmt: skip
         self.layer_ids = tuple(range(start_block, end_block))
+        # the cache layer whose length is the session's (a consumer's: its donor's, Gemma 4)
+        self.length_slot = span.adapter.sharing.cache_slot(start_block)
         self.cache = new_cache(span.config)
         self.mask = torch.zeros(self.batch_size, 0, dtype=torch.bool, device=span.device)
         self.position = 0
@@ -67,17 +75,20 @@ class SpanSession:
         hypo_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         prompts: torch.Tensor | None = None,
+        extras: Mapping[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Validate loose tensors, then `run`: hidden [B, T, H] at `position` (default: the
-        end) -> [B, T, H] in hidden's dtype."""
+        end) -> [B, T, H] in hidden's dtype. `extras`: what limits.extras says each step takes
+        (Gemma 4's per-layer inputs and the new positions' K/V of donors before the span)."""
         start = self.position if position is None else int(position)
         if start < 0:
             raise LengthExceeded(f"step at position {start}: positions start at 0")
         x = check_pass(hidden, attention_mask, prompts, hypo_ids=hypo_ids,
-                       hidden_size=self.limits.hidden_size, n_blocks=self.limits.n_blocks)  # fmt: skip
+                       hidden_size=self.limits.hidden_size, n_blocks=self.limits.n_blocks,
+                       extras=extras, spec=self.limits.extras)  # fmt: skip
         check_step_limits(x, start, self.limits)
         return self.run(start, x.hidden, hypo_ids=x.hypo_ids, attention_mask=x.attention_mask,
-                        prompts=x.prompts)  # fmt: skip
+                        prompts=x.prompts, extras=x.extras)[0]  # fmt: skip
 
     def run(
         self,
@@ -87,9 +98,13 @@ class SpanSession:
         hypo_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         prompts: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        extras: Mapping[str, torch.Tensor] | None = None,
+        donate: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """A validated step (checks and limits already passed): only the cache's own state is
-        checked here. Inputs move to the span's device once."""
+        checked here. Inputs move to the span's device once. Returns the output [B, T, H] and
+        the `donate` blocks' K/V of the new positions, in hidden's dtype. Received K/V are
+        kept in the cache, so rollback and beam reorder apply to them as to the span's own."""
         if self.closed:
             raise BadRequest("this inference session is closed")
         if position > self.position:
@@ -111,16 +126,19 @@ class SpanSession:
         )
         mask_2d = torch.cat([self.mask, new_mask], dim=1)  # [B, past + T]
         span_prompts = None if prompts is None else prompts.to(device, self.span.dtype)
+        named = {k: v.to(device, self.span.dtype) for k, v in (extras or {}).items()}
         try:
             with torch.no_grad():
-                out = self.span.run_layers(self.layer_ids, hidden.to(device, self.span.dtype),
-                                           mask_2d, self.cache, span_prompts, position)  # fmt: skip
+                out, donated = self.span.run_layers(
+                    self.layer_ids, hidden.to(device, self.span.dtype), mask_2d, self.cache,
+                    span_prompts, position, named, donate,
+                )  # fmt: skip
         except Exception:
             rollback(self.cache, position)  # leave the session as it was before this step
             raise
         self.mask, self.position = mask_2d, position + tokens
-        assert cache_length(self.cache, self.start_block) == self.position
-        return out.to(hidden.dtype)
+        assert cache_length(self.cache, self.length_slot) == self.position
+        return out.to(hidden.dtype), {k: v.to(hidden.dtype) for k, v in donated.items()}
 
     def _rollback(self, position: int) -> None:
         rollback(self.cache, position)

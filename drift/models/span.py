@@ -7,7 +7,7 @@ a KV cache. Family specifics live in the adapter; sessions live in drift.models.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -18,6 +18,9 @@ from drift.models.registry import get_adapter
 from drift.models.session import SpanSession
 from drift.wire.checks import check_grad_outputs, check_pass
 from drift.wire.errors import BadRequest, SpanNotServed
+from drift.wire.extras import ExtraSpec, kv_block
+
+Tensors = dict[str, torch.Tensor]
 
 
 def positions_from_mask(mask_2d: torch.Tensor, tokens: int) -> torch.Tensor:
@@ -97,17 +100,25 @@ class ModelSpan(torch.nn.Module):
         cache: Any,
         prompts: torch.Tensor | None,
         offset: int,
-    ) -> torch.Tensor:
-        """hidden [B, T, H] (span dtype) through `layer_ids`; mask_2d [B, past + T] bool."""
-        positions = positions_from_mask(mask_2d, hidden.shape[1])
-        ctx = RunContext(layer_ids, mask_2d, positions, cache)
+        extras: Mapping[str, torch.Tensor] | None = None,
+        donate: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, Tensors]:
+        """hidden [B, T, H] (span dtype) through `layer_ids`; mask_2d [B, past + T] bool.
+        Returns the output and the shared K/V of the `donate` blocks (Gemma 4), by name."""
+        tokens = hidden.shape[1]
+        positions = positions_from_mask(mask_2d, tokens)
+        ctx = RunContext(layer_ids, mask_2d, positions, cache, extras)
         prep = self.adapter.prepare(self.aux, hidden, ctx)
         for j, index in enumerate(layer_ids):
             if prompts is not None:
                 hidden = add_prompts(hidden, prompts[j], offset)
             layer = self.layers[index - self.start_block]
             hidden = self.adapter.call_layer(layer, index, hidden, prep, ctx)
-        return hidden
+        return hidden, self.adapter.donated(prep, ctx, donate, tokens)
+
+    def extra_spec(self, start_block: int, end_block: int) -> ExtraSpec:
+        """The named tensors blocks [start_block, end_block) take and give (drift.wire.extras)."""
+        return self.adapter.extra_spec(start_block, end_block)
 
     def check_range(self, start_block: int | None, end_block: int | None) -> tuple[int, int]:
         """The half-open sub-span [start, end) of what is held, defaults filled in."""
@@ -126,12 +137,15 @@ class ModelSpan(torch.nn.Module):
         end_block: int | None = None,
         attention_mask: torch.Tensor | None = None,
         prompts: torch.Tensor | None = None,
+        extras: Mapping[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Stateless pass of hidden [B, T, H]; returns [B, T, H] in hidden's dtype."""
+        """Stateless pass of hidden [B, T, H]; returns [B, T, H] in hidden's dtype. `extras`:
+        the named tensors the sub-span takes (extra_spec: Gemma 4's per-layer inputs, K/V)."""
         start, end = self.check_range(start_block, end_block)
         x = check_pass(hidden, attention_mask, prompts, hidden_size=self.adapter.hidden_size,
-                       n_blocks=end - start)  # fmt: skip
-        return self.run_forward(start, end, x.hidden, x.attention_mask, x.prompts)
+                       n_blocks=end - start, extras=extras,
+                       spec=self.extra_spec(start, end))  # fmt: skip
+        return self.run_forward(start, end, x.hidden, x.attention_mask, x.prompts, x.extras)[0]
 
     def backward(
         self,
@@ -142,56 +156,81 @@ class ModelSpan(torch.nn.Module):
         end_block: int | None = None,
         attention_mask: torch.Tensor | None = None,
         prompts: torch.Tensor | None = None,
+        extras: Mapping[str, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Gradients w.r.t. hidden (and prompts), by recomputing the forward with autograd."""
         start, end = self.check_range(start_block, end_block)
         x = check_pass(hidden, attention_mask, prompts, hidden_size=self.adapter.hidden_size,
-                       n_blocks=end - start)  # fmt: skip
+                       n_blocks=end - start, extras=extras,
+                       spec=self.extra_spec(start, end))  # fmt: skip
         grad = check_grad_outputs(grad_output, x.hidden)
-        return self.run_backward(start, end, x.hidden, grad, x.attention_mask, x.prompts)
+        grads = self.run_backward(start, end, x.hidden, grad, x.attention_mask, x.prompts, x.extras)
+        return grads[0], grads[1]
 
     # --- trusted entries: inputs validated by the caller (the wire edge, or the above) --------
     def _inputs(
-        self, hidden: torch.Tensor, mask: torch.Tensor | None, prompts: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(hidden, bool mask [B, T], prompts) on the span's device and dtype: moved once."""
+        self, hidden: torch.Tensor, mask: torch.Tensor | None, prompts: torch.Tensor | None,
+        extras: Mapping[str, torch.Tensor] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, Tensors]:  # fmt: skip
+        """(hidden, bool mask [B, T], prompts, extras) on the span's device and dtype: moved
+        once."""
         if mask is None:
             mask_2d = torch.ones(hidden.shape[:2], dtype=torch.bool, device=self.device)
         else:
             mask_2d = mask.to(self.device, torch.bool)
         if prompts is not None:
             prompts = prompts.to(self.device, self.dtype)
-        return hidden.to(self.device, self.dtype), mask_2d, prompts
+        moved = {name: t.to(self.device, self.dtype) for name, t in (extras or {}).items()}
+        return hidden.to(self.device, self.dtype), mask_2d, prompts, moved
 
-    def run_forward(self, start: int, end: int, hidden: torch.Tensor, mask: torch.Tensor | None,
-                    prompts: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
-        """Blocks [start, end) on validated inputs; [B, T, H] in hidden's dtype."""
-        inputs, mask_2d, span_prompts = self._inputs(hidden, mask, prompts)
+    def run_forward(
+        self, start: int, end: int, hidden: torch.Tensor, mask: torch.Tensor | None,
+        prompts: torch.Tensor | None, extras: Mapping[str, torch.Tensor] | None = None,
+        donate: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, Tensors]:  # fmt: skip
+        """Blocks [start, end) on validated inputs: ([B, T, H], the `donate` blocks' K/V of
+        these tokens), in hidden's dtype."""
+        inputs, mask_2d, span_prompts, named = self._inputs(hidden, mask, prompts, extras)
         with torch.no_grad():
-            out = self.run_layers(tuple(range(start, end)), inputs, mask_2d, None, span_prompts, 0)
-        return out.to(hidden.dtype)
+            out, donated = self.run_layers(tuple(range(start, end)), inputs, mask_2d, None,
+                                           span_prompts, 0, named, donate)  # fmt: skip
+        return out.to(hidden.dtype), {k: v.to(hidden.dtype) for k, v in donated.items()}
 
     def run_backward(
         self, start: int, end: int, hidden: torch.Tensor, grad_output: torch.Tensor,
         mask: torch.Tensor | None, prompts: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
-        """Gradients w.r.t. validated inputs, recomputing the forward of [start, end)."""
-        inputs, mask_2d, span_prompts = self._inputs(hidden, mask, prompts)
+        extras: Mapping[str, torch.Tensor] | None = None,
+        grad_extras: Mapping[str, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, Tensors]:  # fmt: skip
+        """Gradients w.r.t. validated inputs, recomputing the forward of [start, end):
+        (hidden, prompts or None, each of `extras` by name). `grad_extras` are the gradients
+        w.r.t. K/V these blocks donated (named as the forward gave them)."""
+        inputs, mask_2d, span_prompts, named = self._inputs(hidden, mask, prompts, extras)
+        grad_named = grad_extras or {}
+        donate = tuple(sorted({kv_block(name) for name in grad_named}))
         with torch.enable_grad():
             inputs = inputs.detach().requires_grad_(True)
-            wanted = [inputs]
+            named = {k: v.detach().requires_grad_(True) for k, v in named.items()}
+            wanted = [inputs, *named.values()]
             if span_prompts is not None:
                 span_prompts = span_prompts.detach().requires_grad_(True)
                 wanted.append(span_prompts)
-            out = self.run_layers(tuple(range(start, end)), inputs, mask_2d, None, span_prompts, 0)
+            out, donated = self.run_layers(tuple(range(start, end)), inputs, mask_2d, None,
+                                           span_prompts, 0, named, donate)  # fmt: skip
+            outs = [out, *(donated[k] for k in grad_named)]
+            grads_out = [grad_output, *grad_named.values()]
             grads = torch.autograd.grad(
-                out, wanted, grad_output.to(self.device, out.dtype), allow_unused=True
+                outs, wanted, [g.to(self.device, out.dtype) for g in grads_out], allow_unused=True
             )
         grad_hidden = grads[0].to(hidden.dtype)
+        grad_extras_in = {
+            name: (g if g is not None else torch.zeros_like(t)).to(hidden.dtype)
+            for (name, t), g in zip(named.items(), grads[1 : 1 + len(named)], strict=True)
+        }
         if prompts is None or span_prompts is None:
-            return grad_hidden, None
-        grad_prompts = grads[1] if grads[1] is not None else torch.zeros_like(span_prompts)
-        return grad_hidden, grad_prompts.to(prompts.dtype)
+            return grad_hidden, None, grad_extras_in
+        grad_prompts = grads[-1] if grads[-1] is not None else torch.zeros_like(span_prompts)
+        return grad_hidden, grad_prompts.to(prompts.dtype), grad_extras_in
 
     def new_session(
         self,

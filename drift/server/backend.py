@@ -12,10 +12,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import torch
-
 from drift.wire.checks import dtype_name
 from drift.wire.errors import BadRequest, ModelMismatch, SpanNotServed
+from drift.wire.extras import ExtraSpec
 from drift.wire.messages import BackwardRequest, BackwardResponse, ForwardRequest, ForwardResponse
 
 T = TypeVar("T")
@@ -43,6 +42,12 @@ class SpanBackend:
     def n_blocks(self) -> int:
         return self.end_block - self.start_block
 
+    def extra_spec(self, start_block: int, end_block: int) -> ExtraSpec:
+        """What a request for [start_block, end_block) carries beside hidden_states (Gemma 4):
+        the wire edge validates against it, so a span not held here is refused first."""
+        self.check_span(start_block, end_block)
+        return self.span.extra_spec(start_block, end_block)
+
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run torch work on the compute thread."""
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
@@ -53,6 +58,13 @@ class SpanBackend:
                 f"this server serves {self.model_name} (fingerprint {self.fingerprint[:12]}), "
                 f"not {model[:64]}"
             )
+        self.check_span(start_block, end_block)
+        if batch > self.max_batch_size:
+            raise BadRequest(
+                f"batch size {batch} exceeds this server's max of {self.max_batch_size}"
+            )
+
+    def check_span(self, start_block: int, end_block: int) -> None:
         if not (self.start_block <= start_block and end_block <= self.end_block):
             raise SpanNotServed(
                 f"blocks [{start_block}, {end_block}) are not all held here: this server "
@@ -60,33 +72,33 @@ class SpanBackend:
                 start_block=self.start_block,
                 end_block=self.end_block,
             )
-        if batch > self.max_batch_size:
-            raise BadRequest(
-                f"batch size {batch} exceeds this server's max of {self.max_batch_size}"
-            )
 
     async def forward(self, req: ForwardRequest) -> ForwardResponse:
         self.check(req.model, req.start_block, req.end_block, req.hidden_states.shape[0])
-        return ForwardResponse(await self.run(self._forward, req))
+        return await self.run(self._forward, req)
 
     async def backward(self, req: BackwardRequest) -> BackwardResponse:
         self.check(req.model, req.start_block, req.end_block, req.hidden_states.shape[0])
-        grad, grad_prompts = await self.run(self._backward, req)
-        return BackwardResponse(grad, grad_prompts)
+        return await self.run(self._backward, req)
 
     # The requests were validated at the wire edge (ForwardRequest/BackwardRequest.from_wire)
     # and by `check`: the span's trusted entries run them as they are.
-    def _forward(self, req: ForwardRequest) -> torch.Tensor:
-        out = self.span.run_forward(req.start_block, req.end_block, req.hidden_states,
-                                    req.attention_mask, req.prompts)  # fmt: skip
-        return out.to("cpu")
+    def _forward(self, req: ForwardRequest) -> ForwardResponse:
+        out, donated = self.span.run_forward(req.start_block, req.end_block, req.hidden_states,
+                                             req.attention_mask, req.prompts, req.extras,
+                                             req.donate)  # fmt: skip
+        return ForwardResponse(out.to("cpu"), {k: v.to("cpu") for k, v in donated.items()})
 
-    def _backward(self, req: BackwardRequest) -> tuple[torch.Tensor, torch.Tensor | None]:
-        grad, grad_prompts = self.span.run_backward(
+    def _backward(self, req: BackwardRequest) -> BackwardResponse:
+        grad, grad_prompts, grad_extras = self.span.run_backward(
             req.start_block, req.end_block, req.hidden_states, req.grad_outputs,
-            req.attention_mask, req.prompts,
+            req.attention_mask, req.prompts, req.extras, req.grad_extras,
         )  # fmt: skip
-        return grad.detach().to("cpu"), None if grad_prompts is None else grad_prompts.to("cpu")
+        return BackwardResponse(
+            grad.detach().to("cpu"),
+            None if grad_prompts is None else grad_prompts.to("cpu"),
+            {k: v.detach().to("cpu") for k, v in grad_extras.items()},
+        )
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)

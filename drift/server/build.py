@@ -59,7 +59,7 @@ def load_server(
     """
     if ckpt is None:
         ckpt = open_checkpoint(config.model, cache_dir=config.cache_dir, revision=config.revision)
-    num_model_blocks = int(ckpt.config.num_hidden_layers)
+    num_model_blocks = int(ckpt.config.get_text_config().num_hidden_layers)  # text tower
     same_model = records_for_model(list(records or []), ckpt.fingerprint)
     start, end = resolve_span(config, num_model_blocks, same_model)
     device = pick_device(config.device)

@@ -95,10 +95,12 @@ async def _compute(
     backend = server.backend
     if is_json:
         req = kind.from_json(_json(body), default_model=backend.fingerprint,
-                             hidden_size=backend.hidden_size)  # fmt: skip
+                             hidden_size=backend.hidden_size,
+                             extras=backend.extra_spec)  # fmt: skip
     else:
         params, tensors = decode_frame(body)
-        req = kind.from_wire(params, tensors, hidden_size=backend.hidden_size)
+        req = kind.from_wire(params, tensors, hidden_size=backend.hidden_size,
+                             extras=backend.extra_spec)  # fmt: skip
     result = await run(backend, req)
     server.metrics.forward_latency.observe(time.perf_counter() - started)
     return _reply(result, is_json)

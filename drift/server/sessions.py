@@ -14,8 +14,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from drift.server.backend import SpanBackend
 from drift.server.budget import CacheBudget
 from drift.wire.checks import ACTIVATION_DTYPES, StepLimits
@@ -63,7 +61,8 @@ class SessionManager:
             self.budget.release(reserved)
             raise
         limits = StepLimits(self.backend.hidden_size, req.batch_size, req.max_length,
-                            n_blocks, ACTIVATION_DTYPES[req.dtype])  # fmt: skip
+                            n_blocks, ACTIVATION_DTYPES[req.dtype],
+                            self.backend.extra_spec(req.start_block, req.end_block))  # fmt: skip
         session = Session(secrets.token_hex(8), req, limits, cache, reserved)
         self.sessions[session.session_id] = session
         log.debug("opened session %s: %s", session.session_id, req)
@@ -89,17 +88,21 @@ class SessionManager:
         session = self.get(session_id)
         session.busy = True
         try:
-            out = await self.backend.run(self._step, session, req)
+            return await self.backend.run(self._step, session, req)
         finally:
             session.busy = False
             session.last_used = time.monotonic()
-        return StepResponse(req.step_id, out)
 
     @staticmethod
-    def _step(session: Session, req: StepRequest) -> torch.Tensor:
-        out = session.cache.run(req.position, req.hidden_states, hypo_ids=req.hypo_ids,
-                                attention_mask=req.attention_mask, prompts=req.prompts)  # fmt: skip
-        return out.to("cpu")
+    def _step(session: Session, req: StepRequest) -> StepResponse:
+        out, donated = session.cache.run(
+            req.position, req.hidden_states, hypo_ids=req.hypo_ids,
+            attention_mask=req.attention_mask, prompts=req.prompts, extras=req.extras,
+            donate=req.donate,
+        )  # fmt: skip
+        return StepResponse(
+            req.step_id, out.to("cpu"), {k: v.to("cpu") for k, v in donated.items()}
+        )
 
     def close(self, session_id: str) -> None:
         session = self.sessions.pop(session_id, None)

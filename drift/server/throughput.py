@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from drift.wire.extras import concrete
+
 log = logging.getLogger(__name__)
 CACHE_FILE = "throughput.json"
 
@@ -22,11 +24,13 @@ def measure_throughput(span: Any, *, tokens: int = 16, repeats: int = 3) -> floa
     """Best of `repeats` forwards of [1, tokens, H] through the span, per block."""
     hidden = torch.randn(1, tokens, int(span.config.hidden_size), dtype=span.dtype)
     n_blocks = span.end_block - span.start_block
-    span.forward(hidden)  # warm-up
+    spec = span.extra_spec(span.start_block, span.end_block)  # Gemma 4's inputs beside hidden
+    extras = {n: torch.randn(concrete(s, 1, tokens), dtype=span.dtype) for n, s in spec.inputs}
+    span.forward(hidden, extras=extras)  # warm-up
     best = float("inf")
     for _ in range(repeats):
         started = time.perf_counter()
-        span.forward(hidden)
+        span.forward(hidden, extras=extras)
         best = min(best, time.perf_counter() - started)
     return tokens * n_blocks / max(best, 1e-9)
 

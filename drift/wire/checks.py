@@ -9,12 +9,14 @@ Each raises BadRequest / BadTensor / LengthExceeded / VersionMismatch naming the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from drift.wire.errors import BadRequest, BadTensor, LengthExceeded, VersionMismatch
+from drift.wire.extras import NO_EXTRAS, ExtraSpec, Shape
 from drift.wire.version import PROTOCOL_VERSION
 
 ACTIVATION_DTYPES: dict[str, torch.dtype] = {
@@ -140,6 +142,50 @@ def check_prompts(
     return prompts
 
 
+def check_named(
+    tensors: Mapping[str, Any], specs: tuple[tuple[str, Shape], ...], *, batch: int, tokens: int
+) -> dict[str, torch.Tensor]:
+    """Exactly the tensors `specs` names, each floating point and of its templated shape
+    ("B" = batch, "T" = tokens, "*" = any size >= 1): the extras of drift.wire.extras."""
+    missing = [name for name, _ in specs if name not in tensors]
+    if missing:
+        raise BadTensor(f"missing tensors {missing}: this span takes {[n for n, _ in specs]}")
+    extra = sorted(set(tensors) - {name for name, _ in specs})
+    if extra:
+        raise BadTensor(f"unexpected tensors {extra}; this span takes {[n for n, _ in specs]}")
+    sizes = {"B": batch, "T": tokens}
+    out = {}
+    for name, template in specs:
+        t = check_activation(name, tensors[name], rank=len(template), hidden_size=None)
+        want = [sizes.get(d, d) if isinstance(d, str) else d for d in template]
+        if t.shape[-1] == 0 or any(
+            w != "*" and w != got for w, got in zip(want, t.shape, strict=True)
+        ):
+            shown = ["any" if w == "*" else w for w in want]
+            raise BadTensor(f"{name} has shape {list(t.shape)}, expected {shown}")
+        out[name] = t
+    return out
+
+
+def get_donate(params: dict[str, Any], spec: ExtraSpec) -> tuple[int, ...]:
+    """The optional `donate` list: blocks of the span whose shared K/V the reply must carry."""
+    if "donate" not in params:
+        return ()
+    value = params["donate"]
+    if not isinstance(value, list) or not all(
+        isinstance(b, int) and not isinstance(b, bool) for b in value
+    ):
+        raise BadRequest("field 'donate' must be a list of block indices")
+    donors = [block for block, _ in spec.donors]
+    wrong = sorted(set(value) - set(donors))
+    if wrong or len(set(value)) != len(value):
+        raise BadRequest(
+            f"cannot donate the keys/values of blocks {wrong or value}: this span shares "
+            f"those of {donors} with later blocks (each at most once)"
+        )
+    return tuple(sorted(value))
+
+
 # --- whole requests: the one validation of each kind of input --------------------------
 @dataclass(frozen=True)
 class PassInputs:
@@ -149,13 +195,16 @@ class PassInputs:
     attention_mask: torch.Tensor | None  # [B, T] int64 0/1
     prompts: torch.Tensor | None  # [n_blocks, B or 1, P, H]
     hypo_ids: torch.Tensor | None = None  # [B] int64 (steps only)
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)  # by name (drift.wire.extras)
 
 
 def check_pass(
     hidden: Any, attention_mask: Any, prompts: Any, *, hidden_size: int | None,
-    n_blocks: int | None, hypo_ids: Any = None,
+    n_blocks: int | None, hypo_ids: Any = None, extras: Mapping[str, Any] | None = None,
+    spec: ExtraSpec = NO_EXTRAS,
 ) -> PassInputs:  # fmt: skip
-    """Hidden states [B, T, H] with their optional mask, deep prompts and beam reorder."""
+    """Hidden states [B, T, H] with their optional mask, deep prompts and beam reorder, and
+    the named tensors beside them that `spec` says the span takes (Gemma 4)."""
     hidden = check_activation("hidden_states", hidden, rank=3, hidden_size=hidden_size)
     batch, tokens = hidden.shape[:2]
     return PassInputs(
@@ -165,6 +214,7 @@ def check_pass(
         else check_mask("attention_mask", attention_mask, (batch, tokens)),  # fmt: skip
         check_prompts(prompts, n_blocks, batch, hidden_size),
         None if hypo_ids is None else check_indices("hypo_ids", hypo_ids, batch),
+        check_named(extras or {}, spec.inputs, batch=batch, tokens=tokens),
     )
 
 
@@ -177,6 +227,7 @@ class StepLimits:
     max_length: int  # tokens, prompt included
     n_blocks: int  # blocks of the session's (sub-)span
     dtype: torch.dtype | None = None  # the session's activation dtype; None: any
+    extras: ExtraSpec = NO_EXTRAS  # the named tensors each step carries (Gemma 4)
 
 
 def check_step_limits(inputs: PassInputs, position: int, limits: StepLimits) -> None:

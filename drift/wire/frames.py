@@ -114,7 +114,9 @@ def _read_tensors(header: dict[str, Any], data: bytearray) -> dict[str, torch.Te
 
 
 def _reject_foreign(body: bytes) -> None:
-    if len(body) >= 2 and body[0] == 0x80 and 2 <= body[1] <= 5:
+    # a pickle starts 0x80 <protocol>; so does a safetensors header of 640, 896, 1152 or 1408
+    # bytes (its little-endian length), whose JSON then opens at byte 8
+    if len(body) >= 2 and body[0] == 0x80 and 2 <= body[1] <= 5 and body[8:9] != b"{":
         raise BadFrame("body is a pickle; DRIFT never unpickles: send a safetensors frame")
     if body.startswith(_ZIP_MAGIC):
         raise BadFrame(

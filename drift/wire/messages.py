@@ -8,17 +8,20 @@ Knows nothing about sockets or models.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from drift.wire import checks as c
-from drift.wire.errors import BadRequest
+from drift.wire.errors import BadRequest, BadTensor
+from drift.wire.extras import GRAD_PREFIX, NO_EXTRAS, ExtraSpec, grad_name, kv_names, reply_shape
 from drift.wire.frames import decode_frame, encode_frame
 from drift.wire.version import PROTOCOL_VERSION
 
 Tensors = dict[str, torch.Tensor]
+SpecFor = Callable[[int, int], ExtraSpec]  # (start_block, end_block) -> what that span takes
 
 
 def _head(kind: str, **fields: Any) -> dict[str, Any]:
@@ -33,6 +36,29 @@ def _nested(t: torch.Tensor | None) -> Any:
     return None if t is None else t.detach().float().cpu().tolist()
 
 
+def _with_donate(params: dict[str, Any], donate: tuple[int, ...]) -> dict[str, Any]:
+    """`donate` only when there is one: other families' frames stay byte-identical."""
+    if donate:
+        params["donate"] = list(donate)
+    return params
+
+
+def _split(tensors: Tensors, base: tuple[str, ...]) -> tuple[Tensors, Tensors]:
+    """(the message's own tensors, the named extras beside them)."""
+    own = {k: v for k, v in tensors.items() if k in base}
+    return own, {k: v for k, v in tensors.items() if k not in base}
+
+
+def _reply_extras(tensors: Tensors, names: tuple[str, ...], hidden: torch.Tensor) -> Tensors:
+    """A reply's named extras: exactly `names`, batch and tokens those of `hidden`."""
+    specs = tuple((name, reply_shape(name.removeprefix(GRAD_PREFIX))) for name in names)
+    return c.check_named(tensors, specs, batch=hidden.shape[0], tokens=hidden.shape[1])
+
+
+def _donated_names(donate: tuple[int, ...]) -> tuple[str, ...]:
+    return tuple(name for block in donate for name in kv_names(block))
+
+
 @dataclass(frozen=True)
 class ForwardRequest:
     """Stateless hidden states through [start_block, end_block) of `model`."""
@@ -43,19 +69,25 @@ class ForwardRequest:
     hidden_states: torch.Tensor  # [B, T, H]
     attention_mask: torch.Tensor | None = None  # [B, T] 1 = token, 0 = left padding
     prompts: torch.Tensor | None = None  # [n_blocks, B, P, H] deep prompts
+    extras: Tensors = field(default_factory=dict)  # per-layer inputs, consumed K/V (extras.py)
+    donate: tuple[int, ...] = ()  # blocks whose shared K/V the reply must carry
 
     TENSORS = ("hidden_states", "attention_mask", "prompts")
 
     @classmethod
     def from_wire(
-        cls, params: dict[str, Any], tensors: Tensors, *, hidden_size: int | None = None
-    ) -> ForwardRequest:
+        cls, params: dict[str, Any], tensors: Tensors, *, hidden_size: int | None = None,
+        extras: SpecFor | None = None,
+    ) -> ForwardRequest:  # fmt: skip
+        """`extras` gives what a span takes beside hidden_states (the server's model)."""
         c.check_version(params)
-        c.no_extra_tensors(tensors, cls.TENSORS)
         start, end = c.get_span(params)
-        inputs = c.check_pass(c.tensor(tensors, "hidden_states"), tensors.get("attention_mask"),
-                              tensors.get("prompts"), hidden_size=hidden_size,
-                              n_blocks=end - start)  # fmt: skip
+        spec = extras(start, end) if extras is not None else NO_EXTRAS
+        c.no_extra_tensors(tensors, cls.TENSORS + spec.input_names())
+        own, named = _split(tensors, cls.TENSORS)
+        inputs = c.check_pass(c.tensor(own, "hidden_states"), own.get("attention_mask"),
+                              own.get("prompts"), hidden_size=hidden_size, n_blocks=end - start,
+                              extras=named, spec=spec)  # fmt: skip
         return cls(
             model=c.get_str(params, "model"),
             start_block=start,
@@ -63,23 +95,27 @@ class ForwardRequest:
             hidden_states=inputs.hidden,
             attention_mask=inputs.attention_mask,
             prompts=inputs.prompts,
+            extras=inputs.extras,
+            donate=c.get_donate(params, spec),
         )
 
     def to_wire(self) -> tuple[dict[str, Any], Tensors]:
         params = _head("forward", model=self.model, start_block=self.start_block,
                        end_block=self.end_block)  # fmt: skip
-        return params, _tensors(
+        return _with_donate(params, self.donate), _tensors(
             hidden_states=self.hidden_states,
             attention_mask=self.attention_mask,
             prompts=self.prompts,
+            **self.extras,
         )
 
     @classmethod
     def from_json(
-        cls, obj: Any, *, default_model: str, hidden_size: int | None = None
-    ) -> ForwardRequest:
+        cls, obj: Any, *, default_model: str, hidden_size: int | None = None,
+        extras: SpecFor | None = None,
+    ) -> ForwardRequest:  # fmt: skip
         params, tensors = _json_parts(obj, default_model, cls.TENSORS, "hidden_states")
-        return cls.from_wire(params, tensors, hidden_size=hidden_size)
+        return cls.from_wire(params, tensors, hidden_size=hidden_size, extras=extras)
 
 
 @dataclass(frozen=True)
@@ -93,19 +129,33 @@ class BackwardRequest:
     grad_outputs: torch.Tensor  # [B, T, H] gradient w.r.t. the span's output
     attention_mask: torch.Tensor | None = None  # [B, T]
     prompts: torch.Tensor | None = None  # [n_blocks, B, P, H]
+    extras: Tensors = field(default_factory=dict)  # per-layer inputs, consumed K/V (extras.py)
+    grad_extras: Tensors = field(default_factory=dict)  # grads w.r.t. donated K/V, by K/V name
 
     TENSORS = ("hidden_states", "grad_outputs", "attention_mask", "prompts")
 
     @classmethod
     def from_wire(
-        cls, params: dict[str, Any], tensors: Tensors, *, hidden_size: int | None = None
-    ) -> BackwardRequest:
+        cls, params: dict[str, Any], tensors: Tensors, *, hidden_size: int | None = None,
+        extras: SpecFor | None = None,
+    ) -> BackwardRequest:  # fmt: skip
+        grads = {k: v for k, v in tensors.items() if k.startswith(GRAD_PREFIX)}
         fwd = ForwardRequest.from_wire(
-            params, {k: v for k, v in tensors.items() if k != "grad_outputs"},
-            hidden_size=hidden_size,
+            params, {k: v for k, v in tensors.items() if k != "grad_outputs" and k not in grads},
+            hidden_size=hidden_size, extras=extras,
         )  # fmt: skip
-        c.no_extra_tensors(tensors, cls.TENSORS)
         grad = c.check_grad_outputs(c.tensor(tensors, "grad_outputs"), fwd.hidden_states)
+        spec = extras(fwd.start_block, fwd.end_block) if extras is not None else NO_EXTRAS
+        donatable = dict(spec.outputs(tuple(block for block, _ in spec.donors)))
+        unknown = sorted(k for k in grads if k.removeprefix(GRAD_PREFIX) not in donatable)
+        if unknown:
+            raise BadTensor(f"unexpected tensors {unknown}: this span's blocks share the keys/"
+                            f"values {sorted(donatable)} with later blocks")  # fmt: skip
+        named = c.check_named(
+            {k.removeprefix(GRAD_PREFIX): v for k, v in grads.items()},
+            tuple((k, donatable[k]) for k in sorted(donatable) if grad_name(k) in grads),
+            batch=grad.shape[0], tokens=grad.shape[1],
+        )  # fmt: skip
         return cls(
             model=fwd.model,
             start_block=fwd.start_block,
@@ -114,6 +164,8 @@ class BackwardRequest:
             grad_outputs=grad,
             attention_mask=fwd.attention_mask,
             prompts=fwd.prompts,
+            extras=fwd.extras,
+            grad_extras=named,
         )
 
     def to_wire(self) -> tuple[dict[str, Any], Tensors]:
@@ -124,31 +176,39 @@ class BackwardRequest:
             grad_outputs=self.grad_outputs,
             attention_mask=self.attention_mask,
             prompts=self.prompts,
+            **self.extras,
+            **{grad_name(k): v for k, v in self.grad_extras.items()},
         )
 
     @classmethod
     def from_json(
-        cls, obj: Any, *, default_model: str, hidden_size: int | None = None
-    ) -> BackwardRequest:
+        cls, obj: Any, *, default_model: str, hidden_size: int | None = None,
+        extras: SpecFor | None = None,
+    ) -> BackwardRequest:  # fmt: skip
         params, tensors = _json_parts(obj, default_model, cls.TENSORS, "hidden_states")
         if "grad_outputs" not in tensors:
             raise BadRequest("missing field 'grad_outputs'")
-        return cls.from_wire(params, tensors, hidden_size=hidden_size)
+        return cls.from_wire(params, tensors, hidden_size=hidden_size, extras=extras)
 
 
 @dataclass(frozen=True)
 class ForwardResponse:
     hidden_states: torch.Tensor  # [B, T, H]
+    extras: Tensors = field(default_factory=dict)  # the donated K/V asked for, by name
 
     @classmethod
-    def from_wire(cls, params: dict[str, Any], tensors: Tensors) -> ForwardResponse:
+    def from_wire(
+        cls, params: dict[str, Any], tensors: Tensors, *, donate: tuple[int, ...] = ()
+    ) -> ForwardResponse:
+        """`donate`: the blocks whose K/V the request asked back (exactly those come)."""
         c.check_version(params)
-        c.no_extra_tensors(tensors, ("hidden_states",))
-        return cls(c.check_activation("hidden_states", c.tensor(tensors, "hidden_states"), rank=3,
-                                      hidden_size=None))  # fmt: skip
+        own, named = _split(tensors, ("hidden_states",))
+        hidden = c.check_activation("hidden_states", c.tensor(own, "hidden_states"), rank=3,
+                                    hidden_size=None)  # fmt: skip
+        return cls(hidden, _reply_extras(named, _donated_names(donate), hidden))
 
     def to_wire(self) -> tuple[dict[str, Any], Tensors]:
-        return _head("forward_result"), {"hidden_states": self.hidden_states}
+        return _head("forward_result"), {"hidden_states": self.hidden_states, **self.extras}
 
     def to_json(self) -> dict[str, Any]:
         return {"hidden_states": _nested(self.hidden_states)}
@@ -158,22 +218,28 @@ class ForwardResponse:
 class BackwardResponse:
     grad_inputs: torch.Tensor  # [B, T, H]
     grad_prompts: torch.Tensor | None = None  # [n_blocks, B, P, H]
+    grad_extras: Tensors = field(default_factory=dict)  # grads w.r.t. the request's extras
 
     @classmethod
-    def from_wire(cls, params: dict[str, Any], tensors: Tensors) -> BackwardResponse:
+    def from_wire(
+        cls, params: dict[str, Any], tensors: Tensors, *, extras: tuple[str, ...] = ()
+    ) -> BackwardResponse:
+        """`extras`: the names of the request's extras (a gradient comes for each)."""
         c.check_version(params)
-        c.no_extra_tensors(tensors, ("grad_inputs", "grad_prompts"))
-        grad = c.check_activation("grad_inputs", c.tensor(tensors, "grad_inputs"), rank=3,
+        own, named = _split(tensors, ("grad_inputs", "grad_prompts"))
+        grad = c.check_activation("grad_inputs", c.tensor(own, "grad_inputs"), rank=3,
                                   hidden_size=None)  # fmt: skip
-        prompts = tensors.get("grad_prompts")
+        prompts = own.get("grad_prompts")
         if prompts is not None:
             prompts = c.check_activation("grad_prompts", prompts, rank=4, hidden_size=None)
-        return cls(grad, prompts)
+        grads = _reply_extras(named, tuple(grad_name(n) for n in extras), grad)
+        return cls(grad, prompts, {k.removeprefix(GRAD_PREFIX): v for k, v in grads.items()})
 
     def to_wire(self) -> tuple[dict[str, Any], Tensors]:
         return _head("backward_result"), _tensors(
-            grad_inputs=self.grad_inputs, grad_prompts=self.grad_prompts
-        )
+            grad_inputs=self.grad_inputs, grad_prompts=self.grad_prompts,
+            **{grad_name(k): v for k, v in self.grad_extras.items()},
+        )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         return {"grad_inputs": _nested(self.grad_inputs),
@@ -250,6 +316,8 @@ class StepRequest:
     hypo_ids: torch.Tensor | None = None  # [B] int64: reorder cache rows first (beam search)
     attention_mask: torch.Tensor | None = None  # [B, T] of the new tokens
     prompts: torch.Tensor | None = None  # [n_blocks, B, P, H]
+    extras: Tensors = field(default_factory=dict)  # per-layer inputs, consumed K/V (extras.py)
+    donate: tuple[int, ...] = ()  # blocks whose shared K/V (new positions) the reply carries
 
     TENSORS = ("hidden_states", "hypo_ids", "attention_mask", "prompts")
 
@@ -263,13 +331,15 @@ class StepRequest:
         c.check_version(params)
         if params.get("type") != "step":
             raise BadRequest(f"expected a 'step' frame, got type {params.get('type')!r}")
-        c.no_extra_tensors(tensors, cls.TENSORS)
+        spec = limits.extras if limits is not None else NO_EXTRAS
+        c.no_extra_tensors(tensors, cls.TENSORS + spec.input_names())
         position = c.get_int(params, "position")
+        own, named = _split(tensors, cls.TENSORS)
         inputs = c.check_pass(
-            c.tensor(tensors, "hidden_states"), tensors.get("attention_mask"),
-            tensors.get("prompts"), hypo_ids=tensors.get("hypo_ids"),
+            c.tensor(own, "hidden_states"), own.get("attention_mask"),
+            own.get("prompts"), hypo_ids=own.get("hypo_ids"),
             hidden_size=limits.hidden_size if limits is not None else hidden_size,
-            n_blocks=limits.n_blocks if limits is not None else None,
+            n_blocks=limits.n_blocks if limits is not None else None, extras=named, spec=spec,
         )  # fmt: skip
         if limits is not None:
             c.check_step_limits(inputs, position, limits)
@@ -280,15 +350,18 @@ class StepRequest:
             hypo_ids=inputs.hypo_ids,
             attention_mask=inputs.attention_mask,
             prompts=inputs.prompts,
+            extras=inputs.extras,
+            donate=c.get_donate(params, spec),
         )
 
     def to_wire(self) -> tuple[dict[str, Any], Tensors]:
         params = _head("step", step_id=self.step_id, position=self.position)
-        return params, _tensors(
+        return _with_donate(params, self.donate), _tensors(
             hidden_states=self.hidden_states,
             hypo_ids=self.hypo_ids,
             attention_mask=self.attention_mask,
             prompts=self.prompts,
+            **self.extras,
         )
 
 
@@ -296,17 +369,25 @@ class StepRequest:
 class StepResponse:
     step_id: int
     hidden_states: torch.Tensor  # [B, T, H]
+    extras: Tensors = field(default_factory=dict)  # donated K/V of the new positions, by name
 
     @classmethod
-    def from_wire(cls, params: dict[str, Any], tensors: Tensors) -> StepResponse:
+    def from_wire(
+        cls, params: dict[str, Any], tensors: Tensors, *, donate: tuple[int, ...] = ()
+    ) -> StepResponse:
+        """`donate`: the blocks whose K/V the step asked back (exactly those come)."""
         c.check_version(params)
-        c.no_extra_tensors(tensors, ("hidden_states",))
-        hidden = c.check_activation("hidden_states", c.tensor(tensors, "hidden_states"), rank=3,
+        own, named = _split(tensors, ("hidden_states",))
+        hidden = c.check_activation("hidden_states", c.tensor(own, "hidden_states"), rank=3,
                                     hidden_size=None)  # fmt: skip
-        return cls(c.get_int(params, "step_id"), hidden)
+        extras = _reply_extras(named, _donated_names(donate), hidden)
+        return cls(c.get_int(params, "step_id"), hidden, extras)
 
     def to_wire(self) -> tuple[dict[str, Any], Tensors]:
-        return _head("step_result", step_id=self.step_id), {"hidden_states": self.hidden_states}
+        return _head("step_result", step_id=self.step_id), {
+            "hidden_states": self.hidden_states,
+            **self.extras,
+        }
 
 
 @dataclass(frozen=True)

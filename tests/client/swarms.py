@@ -83,7 +83,8 @@ async def start_swarm(
     `server_overrides` are ServerConfig fields for every server (e.g. cache_dir= to open an
     alias from a prepared cache)."""
     ckpt = open_checkpoint(str(model_dir), cache_dir=server_overrides.get("cache_dir"))
-    swarm = Swarm(model_dir, ckpt.fingerprint, ckpt.config.num_hidden_layers, swarm_key,
+    blocks = ckpt.config.get_text_config().num_hidden_layers  # a multimodal one: its text tower
+    swarm = Swarm(model_dir, ckpt.fingerprint, blocks, swarm_key,
                   server_overrides=server_overrides)  # fmt: skip
     try:
         for start, end in spans:

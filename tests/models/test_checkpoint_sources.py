@@ -13,9 +13,8 @@ from drift.models.checkpoint import Checkpoint, open_checkpoint
 from drift.models.sources.aliases import ALIASES, Alias, find_alias, resolve_alias
 from drift.models.sources.hub import layer_of, select_shards
 from drift.wire.errors import BadRequest, NotFound
+from tests.models.hub_cache import COMMIT, hub_cache
 from tests.tiny_models import build_tiny
-
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 # A real-shaped index: 4 layers over 3 shards, client pieces in the first and last.
 INDEX = {
@@ -57,16 +56,6 @@ def test_select_shards(blocks, expected) -> None:
     assert select_shards(json.loads(json.dumps(INDEX))["weight_map"], blocks) == expected
 
 
-def _hub_cache(cache_dir: Path, repo: str, files: Path) -> Path:
-    """Lay out `files` as huggingface_hub's cache of `repo` at COMMIT (what a fetch leaves)."""
-    root = cache_dir / "hub" / ("models--" + repo.replace("/", "--"))
-    snapshot = root / "snapshots" / COMMIT
-    shutil.copytree(files, snapshot)
-    (root / "refs").mkdir(parents=True)
-    (root / "refs" / "main").write_text(COMMIT)
-    return snapshot
-
-
 @pytest.fixture(scope="module")
 def sharded_dir(tmp_path_factory) -> Path:
     directory = tmp_path_factory.mktemp("sharded")
@@ -75,7 +64,7 @@ def sharded_dir(tmp_path_factory) -> Path:
 
 
 def test_hub_partial_snapshot_reads_selected_blocks(sharded_dir: Path, tmp_path: Path) -> None:
-    snapshot = _hub_cache(tmp_path, "org/tiny", sharded_dir)
+    snapshot = hub_cache(tmp_path, "org/tiny", sharded_dir)
     weight_map = json.loads((snapshot / "model.safetensors.index.json").read_text())["weight_map"]
     keep = set(select_shards(weight_map, range(0, 1)))
     for shard in set(weight_map.values()) - keep:  # a partial fetch: the rest never arrived
@@ -107,7 +96,7 @@ def test_hub_pickle_only_refused(sharded_dir: Path, tmp_path: Path) -> None:
     files.mkdir()
     shutil.copy(sharded_dir / "config.json", files / "config.json")
     (files / "pytorch_model.bin").write_bytes(b"never unpickled")
-    _hub_cache(tmp_path, "org/pickled", files)
+    hub_cache(tmp_path, "org/pickled", files)
     with pytest.raises(BadRequest, match="pickle"):
         open_checkpoint("org/pickled", cache_dir=tmp_path)
 

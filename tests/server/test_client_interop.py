@@ -20,10 +20,10 @@ async def test_client_transport_round_trip(servers, tiny_llama):
     config = ClientConfig(compress_min_bytes=1)  # exercise Content-Encoding: zstd
     hidden = torch.randn(2, 5, 64)
     async with aiohttp.ClientSession() as http:
-        out = await forward(http, hop, fp, hidden, config)
+        out = (await forward(http, hop, fp, hidden, config)).hidden_states
         assert torch.allclose(out, span.forward(hidden), atol=1e-6)
         sock = await SpanSocket.open(http, hop, m.OpenSession(fp, 0, 2, 8, 2, "float32"), config)
-        first = await sock.step(hidden, 0)
+        first = (await sock.step(hidden, 0)).hidden_states
         assert torch.allclose(first, span.forward(hidden), atol=1e-5)
         try:
             await sock.step(torch.randn(2, 4, 64), 5)

@@ -57,6 +57,17 @@ def test_pickle_and_torch_save_refused():
         decode_frame(buf.getvalue())
 
 
+def test_header_lengths_that_start_like_a_pickle_still_decode():
+    """A header of 640, 896, 1152 or 1408 bytes begins 0x80 0x02..0x05, as a pickle does."""
+    met = set()
+    for n in range(8, 1400, 4):
+        frame = encode_frame({"a": 1}, {"x" * n: torch.zeros(1)})
+        if frame[0] == 0x80 and 2 <= frame[1] <= 5:
+            met.add(frame[1])
+            assert decode_frame(frame)[0] == {"a": 1}
+    assert met == {2, 3, 4, 5}
+
+
 def test_shapes_that_do_not_match_data():
     header = {**META, "t": {"dtype": "F32", "shape": [1000, 1000], "data_offsets": [0, 16]}}
     with pytest.raises(BadFrame, match="needs 4000000 bytes"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar, cast
 
@@ -17,7 +18,9 @@ import torch
 from transformers import AutoModelForCausalLM, Cache, PreTrainedModel
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
+from drift.models.sharing import KVSharing
 from drift.wire.errors import BadRequest
+from drift.wire.extras import NO_EXTRAS, ExtraSpec
 
 A = TypeVar("A", bound="type[Adapter]")
 
@@ -53,6 +56,7 @@ class RunContext:
     mask_2d: torch.Tensor  # [B, past + T] 1 = token, 0 = left padding
     position_ids: torch.Tensor  # [B, T] positions of the new tokens (from the mask's cumsum)
     cache: Cache | None  # the session's cache, or None for a stateless pass
+    extras: Mapping[str, torch.Tensor] | None = None  # named inputs beside hidden (Gemma 4)
 
 
 class Adapter:
@@ -82,6 +86,7 @@ class Adapter:
             # What from_pretrained picks for MoE layers: grouped_mm where the model allows it.
             can_set = getattr(lm_class, "_can_set_experts_implementation", lambda: False)
             config._experts_implementation = "grouped_mm" if can_set() else "eager"
+        self.sharing = KVSharing.from_config(config)  # empty unless blocks reuse others' K/V
 
     # --- structure -------------------------------------------------------------------------
     @property
@@ -109,6 +114,10 @@ class Adapter:
         layer_types = getattr(self.config, "layer_types", None)
         return str(layer_types[index]) if layer_types else "full_attention"
 
+    def extra_spec(self, start: int, end: int) -> ExtraSpec:
+        """The named tensors blocks [start, end) take and can give beside hidden states."""
+        return NO_EXTRAS
+
     # --- running ---------------------------------------------------------------------------
     def prepare(self, aux: torch.nn.Module, hidden: torch.Tensor, ctx: RunContext) -> Any:
         """Everything computed once per call for all layers (masks, rotary)."""
@@ -119,6 +128,13 @@ class Adapter:
     ) -> torch.Tensor:
         raise NotImplementedError
 
+    def donated(
+        self, prep: Any, ctx: RunContext, donate: tuple[int, ...], tokens: int
+    ) -> dict[str, torch.Tensor]:
+        """After the layers ran: the keys/values of the `donate` blocks for the new tokens."""
+        assert not donate, f"{type(self).__name__} shares no keys/values"
+        return {}
+
     # --- client head -----------------------------------------------------------------------
     embed_name: ClassVar[str] = "model.embed_tokens.weight"
     norm_prefix: ClassVar[str] = "model.norm."
@@ -128,6 +144,15 @@ class Adapter:
         return self.model_class("RMSNorm")(self.hidden_size, eps=self.config.rms_norm_eps)
 
     def build_embed_norm(self) -> torch.nn.Module | None:
+        return None
+
+    def placeholder_ids(self) -> tuple[int, ...]:
+        """Token ids the text tower embeds as the pad token: a multimodal checkpoint's image,
+        audio and video stand-ins (DRIFT serves the text tower only)."""
+        return ()
+
+    def build_per_layer(self) -> tuple[torch.nn.Module, str] | None:
+        """(module computing per-layer inputs from ids and embeddings, its checkpoint prefix)."""
         return None
 
     def embed_scale(self) -> float | None:

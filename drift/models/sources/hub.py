@@ -1,7 +1,8 @@
 """Fetch a Hub checkpoint partially: config, tokenizer, index, and only the needed shards.
 
 A server serving blocks [a, b) needs the shards holding those layers plus the client
-pieces (embeddings, final norm, head), never the rest. `select_shards` is the pure rule;
+pieces (embeddings, final norm, head, Gemma 4's per-layer embeddings), never the rest, and
+never a multimodal checkpoint's vision or audio tower. `select_shards` is the pure rule;
 `fetch_hub` applies it with huggingface_hub into DRIFT's cache. Safetensors only.
 """
 
@@ -31,26 +32,35 @@ META_FILES = (
     "model.safetensors.index.json",
 )
 _LAYER = re.compile(r"(?:^|\.)(?:layers|h)\.(\d+)\.")
+# What DRIFT never reads: the vision and audio towers of a multimodal checkpoint (Gemma 4,
+# Gemma 4 Unified: model.vision_tower., model.audio_tower., model.embed_vision., ...).
+_NOT_TEXT = re.compile(r"^model\.(?:vision_tower|audio_tower|embed_vision|embed_audio)\.")
+
+
+def is_text(tensor_name: str) -> bool:
+    """False for a multimodal checkpoint's vision and audio tensors."""
+    return _NOT_TEXT.match(tensor_name) is None
 
 
 def layer_of(tensor_name: str) -> int | None:
-    """The decoder layer a tensor belongs to (`model.layers.7.` / `transformer.h.7.`), or None."""
-    match = _LAYER.search(tensor_name)
+    """The decoder layer a tensor belongs to (`model.layers.7.`, `transformer.h.7.`,
+    `model.language_model.layers.7.`), or None (also for vision and audio layers)."""
+    match = _LAYER.search(tensor_name) if is_text(tensor_name) else None
     return int(match.group(1)) if match else None
 
 
 def select_shards(weight_map: Mapping[str, str], blocks: Iterable[int] | None) -> list[str]:
-    """Shards holding the layers in `blocks` plus every tensor outside a layer (client pieces).
+    """Shards holding the layers in `blocks` plus every text tensor outside a layer (client
+    pieces); never those holding only vision or audio tensors.
 
     `blocks` None means the whole model. Sorted shard file names.
     """
-    if blocks is None:
-        return sorted(set(weight_map.values()))
-    wanted = set(blocks)
+    wanted = None if blocks is None else set(blocks)
     shards = {
         shard
         for name, shard in weight_map.items()
-        if (layer := layer_of(name)) is None or layer in wanted
+        if is_text(name)
+        and (wanted is None or (layer := layer_of(name)) is None or layer in wanted)
     }
     return sorted(shards)
 
