@@ -139,14 +139,18 @@ class Checkpoint:
         )
 
 
-def _open_gguf(gguf: Path, cache_dir: Path, name: str | None = None) -> Checkpoint:
-    directory = convert_gguf(gguf.resolve(), cache_dir)
+def _open_gguf(
+    gguf: Path, cache_dir: Path, dtype: torch.dtype | None, name: str | None = None
+) -> Checkpoint:
+    directory = convert_gguf(gguf.resolve(), cache_dir, dtype)
     return Checkpoint(directory, name=name or gguf.stem, revision=cached_revision(directory))
 
 
-def _open_dir(directory: Path, cache_dir: Path, revision: str | None) -> Checkpoint:
+def _open_dir(
+    directory: Path, cache_dir: Path, revision: str | None, dtype: torch.dtype | None
+) -> Checkpoint:
     if not (directory / "config.json").is_file() and (gguf := find_single_gguf(directory)):
-        return _open_gguf(gguf, cache_dir)
+        return _open_gguf(gguf, cache_dir, dtype)
     # A GGUF conversion in the cache records its source: opened by path it is the same model
     # (same revision, so the same fingerprint) as when opened by its alias or .gguf file.
     return Checkpoint(directory.resolve(), revision=revision or cached_revision(directory))
@@ -158,23 +162,26 @@ def open_checkpoint(
     cache_dir: Path | None = None,
     revision: str | None = None,
     blocks: range | None = None,
+    dtype: torch.dtype | None = None,
 ) -> Checkpoint:
     """Open an alias, a local dir, a .gguf file or a Hub id ("org/name") as a Checkpoint.
 
-    GGUF files (also aliases) are converted once into `cache_dir` (default_cache_dir());
+    GGUF files (also aliases) are converted once into `cache_dir` (default_cache_dir()), to
+    `dtype`, the dtype the weights will run in (None: any conversion already cached, else
+    bfloat16; enough for config and tokenizer). The fingerprint does not depend on it.
     Hub ids fetch config, tokenizer and only the shards holding `blocks` + client pieces.
     """
     text = os.fspath(name_or_path)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     alias = find_alias(text)
     if alias is not None:
-        return _open_gguf(resolve_alias(alias, cache), cache, name=alias.name)
+        return _open_gguf(resolve_alias(alias, cache), cache, dtype, name=alias.name)
     path = Path(text).expanduser()
     if path.is_dir():
-        return _open_dir(path, cache, revision)
+        return _open_dir(path, cache, revision, dtype)
     if path.is_file():
         if path.suffix.lower() == ".gguf":
-            return _open_gguf(path, cache)
+            return _open_gguf(path, cache, dtype)
         raise BadRequest(f"{path} is neither a checkpoint directory nor a .gguf file")
     if text.startswith(("/", ".", "~")) or text.endswith(".gguf") or text.count("/") > 1:
         raise NotFound(f"checkpoint path {text} does not exist")
