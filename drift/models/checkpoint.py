@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -117,13 +117,24 @@ class Checkpoint:
         """Every tensor name of the model (also those in shards not fetched)."""
         return sorted([*self._index.files, *self._index.absent])
 
-    def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
-        """Tensors whose names start with `prefix`, prefix stripped; reads only those."""
-        absent = sorted({s for n, s in self._index.absent.items() if n.startswith(prefix)})
+    def _absent(self, prefixes: tuple[str, ...]) -> list[str]:
+        return sorted({s for n, s in self._index.absent.items() if n.startswith(prefixes)})
+
+    def prefetch(self, prefixes: Iterable[str]) -> None:
+        """Fetch, in one go, the absent shards holding tensors under any of `prefixes`.
+
+        A partial Hub checkpoint fetches shards on first use anyway; this makes a span's
+        shards one parallel download instead of one per block. No-op for local checkpoints.
+        """
+        absent = self._absent(tuple(prefixes))
         if absent and self._fetch_shards is not None:
             self._fetch_shards(absent)
             self._index = index_weights(self.path, partial=self._partial)
-            absent = sorted({s for n, s in self._index.absent.items() if n.startswith(prefix)})
+
+    def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
+        """Tensors whose names start with `prefix`, prefix stripped; reads only those."""
+        self.prefetch((prefix,))
+        absent = self._absent((prefix,))
         if absent:
             raise NotFound(
                 f"tensors {prefix}* of {self.name} are in shard(s) not downloaded: "
@@ -169,7 +180,8 @@ def open_checkpoint(
     GGUF files (also aliases) are converted once into `cache_dir` (default_cache_dir()), to
     `dtype`, the dtype the weights will run in (None: any conversion already cached, else
     bfloat16; enough for config and tokenizer). The fingerprint does not depend on it.
-    Hub ids fetch config, tokenizer and only the shards holding `blocks` + client pieces.
+    Hub ids fetch config, tokenizer and index into the Hugging Face cache, plus the shards
+    holding `blocks`; any other shard is fetched when a tensor in it is first read.
     """
     text = os.fspath(name_or_path)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -186,15 +198,13 @@ def open_checkpoint(
     if text.startswith(("/", ".", "~")) or text.endswith(".gguf") or text.count("/") > 1:
         raise NotFound(f"checkpoint path {text} does not exist")
     if _HUB_ID.match(text):
-        snapshot, commit = fetch_hub(text, cache_dir=cache, revision=revision, blocks=blocks)
+        snapshot, commit = fetch_hub(text, revision=revision, blocks=blocks)
         return Checkpoint(
             snapshot,
             name=text,
             revision=commit,
             partial=True,
-            fetch_shards=functools.partial(
-                fetch_hub_shards, text, cache_dir=cache, revision=commit
-            ),
+            fetch_shards=functools.partial(fetch_hub_shards, text, revision=commit),
         )
     raise NotFound(
         f"unknown model {text!r}: not a path that exists, not an alias "

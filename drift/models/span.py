@@ -93,6 +93,8 @@ class ModelSpan(torch.nn.Module):
         if quant != "none":
             quant_backend()  # a missing bitsandbytes fails before any weight is read
         device = torch.device(device)
+        # A partial (Hub) checkpoint fetches this span's shards in one go, and no others.
+        ckpt.prefetch([adapter.layer_prefix.format(i=i) for i in range(start_block, end_block)])
         layers = []
         for i in range(start_block, end_block):
             layers.append(_load_layer(adapter, ckpt, i, dtype, device, quant))
