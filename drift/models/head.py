@@ -63,7 +63,7 @@ class ClientHead(torch.nn.Module):
         if embed_norm is not None:
             prefix = adapter.embed_norm_prefix
             assert prefix is not None, f"{type(adapter).__name__} builds an unnamed embedding norm"
-            embed_norm = _loaded(embed_norm, read(prefix), "embedding norm")
+            embed_norm = _loaded(embed_norm, read(prefix), "embedding norm").to(device, dtype)
         head = cls(adapter, embed, norm.to(device, dtype), lm_head, embed_norm)
         head.requires_grad_(False)
         return head.eval()
