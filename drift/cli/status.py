@@ -123,7 +123,8 @@ def block_ranges(indices: list[int]) -> str:
 
 def format_members(records: list[dict[str, Any]], *, now: float | None = None) -> list[str]:
     now = time.time() if now is None else now
-    rows = [("peer", "address", "role", "blocks", "state", "throughput", "cache left", "sessions")]
+    rows = [("peer", "address", "role", "blocks", "state", "weights", "throughput", "cache left",
+             "sessions")]  # fmt: skip
     for rec in sorted(
         records, key=lambda r: (r.get("start_block") is None, r.get("start_block") or 0)
     ):
@@ -142,12 +143,21 @@ def format_members(records: list[dict[str, Any]], *, now: float | None = None) -
                 str(rec.get("role", "-")),
                 span,
                 state,
+                weights_label(rec),
                 f"{float(rec.get('throughput') or 0):.1f}",
                 f"{rec.get('cache_tokens_left', '-')}/{rec.get('cache_tokens_total', '-')}",
                 str(rec.get("active_sessions", "-")),
             )
         )
     return _table(rows)
+
+
+def weights_label(rec: dict[str, Any]) -> str:
+    """'float32', 'bfloat16 nf4' (dtype and quantization of a server's weights), or '-'."""
+    dtype, quant = rec.get("dtype"), rec.get("quant")
+    if dtype is None:
+        return "-"
+    return f"{dtype} {quant}" if quant not in (None, "none") else str(dtype)
 
 
 def format_coverage(cov: dict[str, Any]) -> list[str]:

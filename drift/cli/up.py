@@ -32,12 +32,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "it starts a new swarm and prints the command other machines run to join it.",
     )
     add_server_options(p, num_blocks_default="as many as fit in free memory")
-    p.add_argument(
-        "--quant_type",
-        default="none",
-        choices=["none", "int8", "nf4"],
-        help="weight quantization (default: none)",
-    )
     add_node_options(p, join_alias=True)
     p.add_argument(
         "--start_delay",
@@ -103,10 +97,12 @@ def pick_num_blocks(args: argparse.Namespace, ckpt: Any, cache: Path) -> int | N
         return int(args.num_blocks)
     from drift.cli._capacity import choose_num_blocks
     from drift.models.devices import parse_dtype, pick_device
+    from drift.models.quant import parse_quant
 
     device = pick_device(args.device)
     dtype = parse_dtype(args.torch_dtype, device)
-    cap = choose_num_blocks(ckpt.config, device, dtype, quant=args.quant_type,
+    quant = parse_quant(args.quant_type, device)
+    cap = choose_num_blocks(ckpt.config, device, dtype, quant=quant,
                             cache_tokens=args.attn_cache_tokens)  # fmt: skip
     say(f"memory: {cap.explain()}")
     return cap.num_blocks
@@ -135,8 +131,6 @@ def _run(args: argparse.Namespace) -> int:
     identity = load_or_create_identity(identity_path)
     tokens = parse_join_tokens(args.initial_peers)
     span = parse_block_indices(args.block_indices)
-    if args.quant_type != "none":
-        raise BadRequest("--quant_type int8/nf4 is not supported by the block server yet; use none")
     say(f"peer id {identity.peer_id} (identity {identity_path})")
     with process_record("up", cache_dir=cache, peer_id=identity.peer_id, model=args.model) as rec:
         exit_on_sigterm()  # until the server runs, SIGTERM (drift down) ends it via `finally`
@@ -147,9 +141,11 @@ def _load_and_serve(args: argparse.Namespace, rec: Any, identity: Any, tokens: t
                     span: tuple[int, int] | None, cache: Path, host: str, port: int) -> int:  # fmt: skip
 
     from drift.models.checkpoint import open_checkpoint
+    from drift.models.devices import parse_dtype, pick_device
 
     say(f"opening {args.model} (converted once, then cached under {cache}) ...")
-    ckpt = open_checkpoint(args.model, cache_dir=cache)
+    dtype = parse_dtype(args.torch_dtype, pick_device(args.device))  # a GGUF converts to it
+    ckpt = open_checkpoint(args.model, cache_dir=cache, dtype=dtype)
     num_blocks = pick_num_blocks(args, ckpt, cache)
     records: list[Any] = []
     if tokens:
@@ -180,7 +176,7 @@ def serve(args: argparse.Namespace, rec: Any, identity: Any, tokens: tuple[Any, 
     server = load_server(config, records=records, progress=progress_bar("loading blocks"))
     b = server.backend
     say(f"loaded blocks [{b.start_block}, {b.end_block}) of {b.model_name} ({b.num_model_blocks} "
-        f"blocks) as {b.dtype_name} in {time.perf_counter() - t0:.1f}s; "
+        f"blocks) as {b.dtype_name} (quantization: {b.quant}) in {time.perf_counter() - t0:.1f}s; "
         f"throughput {server.throughput:.1f} block-tokens/s")  # fmt: skip
     node_config = dataclasses.replace(node_config_from_args(args), host=host, port=port,
                                       client_max_size=config.max_body_bytes)  # fmt: skip

@@ -63,7 +63,7 @@ def load_parts(
     torch_dt = resolve_dtype(dtype, torch_dtype)
     tokens = parse_peers(initial_peers, swarm_key)
     ckpt = open_checkpoint(str(name_or_path), cache_dir=cache_dir, revision=revision,
-                           blocks=range(0))  # fmt: skip
+                           blocks=range(0), dtype=torch_dt)  # fmt: skip
     head = ClientHead.load(ckpt, dtype=torch_dt)
     config = client_config or ClientConfig()
     token_keys = [t.swarm_key for t in tokens if t.swarm_key]

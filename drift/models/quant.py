@@ -8,6 +8,7 @@ built on `meta`. Knows nothing of checkpoints, servers or the swarm.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from types import ModuleType
 
@@ -24,12 +25,23 @@ NF4_BLOCK2 = 256  # absmax values per second-level scale (double quantization)
 # most routers their own module class already; these names catch the plain-Linear ones).
 ROUTER_NAMES = frozenset({"gate", "router", "shared_expert_gate"})
 
+log = logging.getLogger(__name__)
+
 
 def parse_quant(name: str, device: torch.device) -> str:
-    """none | int8 | nf4, or auto (nf4 on CUDA, none elsewhere); BadRequest names the choices."""
+    """none | int8 | nf4, or auto: nf4 on CUDA when bitsandbytes is installed, else none.
+
+    BadRequest names the choices.
+    """
     key = str(name).strip().lower()
     if key == "auto":
-        return "nf4" if device.type == "cuda" else "none"
+        if device.type != "cuda":
+            return "none"
+        if importlib.util.find_spec("bitsandbytes") is None:
+            log.warning("--quant_type auto: bitsandbytes is not installed, so the weights stay "
+                        "unquantized; for nf4 (~1/5 of the memory): %s", INSTALL_HINT)  # fmt: skip
+            return "none"
+        return "nf4"
     if key not in QUANT_TYPES:
         raise BadRequest(f"unknown quantization {name!r}; use auto, {', '.join(QUANT_TYPES)}")
     return key

@@ -73,10 +73,12 @@ def _load(server: BlockServer, ckpt: Any, start_block: int, end_block: int) -> A
     from drift.models.span import ModelSpan
 
     cfg = server.config
-    if ckpt is None:
-        ckpt = open_checkpoint(cfg.model, cache_dir=cfg.cache_dir, revision=cfg.revision)
     old = server.backend.span
-    return ModelSpan.load(ckpt, start_block, end_block, dtype=old.dtype, device=old.device)
+    if ckpt is None:
+        ckpt = open_checkpoint(cfg.model, cache_dir=cfg.cache_dir, revision=cfg.revision,
+                               dtype=old.dtype)  # fmt: skip
+    return ModelSpan.load(ckpt, start_block, end_block, dtype=old.dtype, device=old.device,
+                          quant=old.quant)  # fmt: skip
 
 
 async def _drain(sessions: SessionManager, deadline: float) -> None:

@@ -46,3 +46,20 @@ def test_format_members_marks_expired():
     }
     header, row = format_members([rec], now=200.0)
     assert "peer" in header and "[0, 2)" in row and "online (expired)" in row and "10/20" in row
+
+
+def test_format_members_shows_dtype_and_quantization():
+    base = {"peer_id": "12D3KooWX", "role": "server", "start_block": 0, "end_block": 2,
+            "state": "online", "expires_at": 300.0}  # fmt: skip
+    recs = [
+        {**base, "peer_id": "12D3KooWA", "dtype": "bfloat16", "quant": "nf4"},
+        {**base, "peer_id": "12D3KooWB", "dtype": "float32", "quant": "none"},
+        {**base, "peer_id": "12D3KooWC", "role": "dht", "start_block": None, "end_block": None,
+         "dtype": None, "quant": None},
+    ]  # fmt: skip
+    header, *rows = format_members(recs, now=200.0)
+    assert "weights" in header.split()
+    by_peer = {row.split()[0]: row for row in rows}
+    assert "bfloat16 nf4" in by_peer["12D3KooWA"]
+    assert " float32 " in by_peer["12D3KooWB"] and "none" not in by_peer["12D3KooWB"]
+    assert by_peer["12D3KooWC"].split()[3:6] == ["-", "online", "-"]  # blocks, state, weights
