@@ -101,7 +101,7 @@ def _quantized_linear(
         )
         if has_bias:
             new.bias = torch.nn.Parameter(linear.bias.data.to(dtype), requires_grad=False)
-        return Flattened(new).requires_grad_(False)
+        return Int8Linear(new).requires_grad_(False)
     elif quant == "nf4":
         new = bnb.nn.Linear4bit(
             *args, compute_dtype=dtype, compress_statistics=True, quant_type="nf4", device="meta"
@@ -122,15 +122,24 @@ def _quantized_linear(
     return new.requires_grad_(False)
 
 
-class Flattened(torch.nn.Module):
-    """Runs `inner` on inputs [..., in] as [N, in]: bitsandbytes' int8 matmul takes rank <= 3
-    (DeepSeek's latent attention feeds kv_b_proj rank-4 inputs)."""
+class Int8Linear(torch.nn.Module):
+    """bitsandbytes' int8 linear, run the way it runs best where the input is.
+
+    On CUDA: its int8 matmul (LLM.int8: activations quantized too, outlier columns apart).
+    On the CPU: its dequantize-then-matmul path (what bitsandbytes itself picks on the CPU
+    for training), weight-only int8: faster there and ~3x closer to float32 on SmolLM2
+    (scripts/bench_quant.py). Inputs of any rank run as [N, in] (its int8 matmul takes rank
+    <= 3; DeepSeek's latent attention feeds kv_b_proj rank-4 inputs).
+    """
 
     def __init__(self, inner: torch.nn.Module) -> None:
         super().__init__()
         self.inner = inner
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Linear8bitLt picks its path by `training` (set into its matmul state each call);
+        # nothing else in it depends on the flag.
+        self.inner.training = x.device.type in ("cpu", "xpu")
         out = self.inner(x.reshape(-1, x.shape[-1]))  # [N, out]
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
