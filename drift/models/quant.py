@@ -110,10 +110,11 @@ def _quantized_linear(
             linear.weight.data, requires_grad=False, quant_type="nf4", blocksize=NF4_BLOCK,
             compress_statistics=True,
         )  # fmt: skip
-        # On CPUs with AVX512-BF16, bitsandbytes would repack the weight at the first forward
-        # (bf16 compute, scales expanded to float32: +0.05 bytes per weight, and only for
-        # dimensions divisible by 64). The generic kernel keeps the compact form, computes in
-        # `dtype` and was as fast here (scripts/bench_quant.py).
+        # On CPUs with AVX512-BF16, bitsandbytes would repack the weight at the first forward:
+        # bf16 compute, scales expanded to float32 (+9% nf4 memory, after the load), and only
+        # for dimensions divisible by 64 (others crash). It was 2.6x faster on SmolLM2 here
+        # (scripts/bench_quant.py); DRIFT keeps the compact form whose cost block_bytes states
+        # and drift up plans with, on every shape, computing in `dtype`.
         new.support_avx512bf16_for_cpu = False  # type: ignore[assignment]
     else:
         raise BadRequest(f"unknown quantization {quant!r}; use one of {', '.join(QUANT_TYPES)}")
