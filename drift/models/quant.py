@@ -1,4 +1,4 @@
-"""Weight quantization of a span's blocks with bitsandbytes: int8 (LLM.int8) or nf4 (4-bit).
+"""Weight quantization of a span's blocks with bitsandbytes: int8 or nf4 (4-bit NormalFloat).
 
 Only the `nn.Linear` modules inside a block are replaced. Norms, MoE routers and fused expert
 tensors (plain parameters, not `nn.Linear`, in transformers 5), embeddings and the head stay

@@ -65,3 +65,12 @@ def test_unknown_quantization_is_refused_before_loading(tiny_llama):
 
     with pytest.raises(BadRequest, match="unknown quantization 'fp8'"):
         load_server(ServerConfig(model=str(tiny_llama), device="cpu", quant_type="fp8"))
+
+
+async def test_a_span_move_keeps_the_quantization(servers, tiny_llama):
+    running = await servers(tiny_llama, 0, 2, quant_type="int8")
+    await running.server.move_to(1, 4, drain_timeout_s=0)
+    backend = running.server.backend
+    assert (backend.start_block, backend.end_block) == (1, 4)
+    assert backend.quant == backend.span.quant == "int8"
+    assert running.node.record.quant == "int8" and running.node.record.end_block == 4
