@@ -53,10 +53,12 @@ FAMILY_CLASSES: dict[str, type[DistributedModelForCausalLM]] = {
 
 
 def _model_type(name_or_path: Any, kwargs: dict[str, Any]) -> str:
+    from drift.client.loading import resolve_dtype
     from drift.models.checkpoint import open_checkpoint
 
+    dtype = resolve_dtype(kwargs.get("dtype"), kwargs.get("torch_dtype"))  # a GGUF converts to it
     ckpt = open_checkpoint(str(name_or_path), cache_dir=kwargs.get("cache_dir"),
-                           revision=kwargs.get("revision"), blocks=range(0))  # fmt: skip
+                           revision=kwargs.get("revision"), blocks=range(0), dtype=dtype)  # fmt: skip
     return str(ckpt.config.model_type)
 
 
