@@ -37,8 +37,11 @@ def kv_values_per_token(config: Any) -> int:
     if getattr(text, "kv_lora_rank", None):  # MLA caches one latent and one rotary key
         return int(text.kv_lora_rank) + int(text.qk_rope_head_dim)
     heads = int(text.num_attention_heads)
-    if getattr(text, "model_type", "") == "falcon" and not text.new_decoder_architecture:
-        kv_heads = 1 if text.multi_query else heads  # falcon-7b style: one shared K/V head
+    if getattr(text, "model_type", "") == "falcon":  # no num_key_value_heads in its config
+        # falcon-7b (multi_query) caches its one shared K/V head; the new decoder architecture
+        # (falcon-40b, num_kv_heads) caches K/V already expanded to every query head.
+        multi_query = text.multi_query and not text.new_decoder_architecture
+        kv_heads = 1 if multi_query else heads
     else:
         kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
