@@ -84,7 +84,7 @@ def add_quant_type(p: argparse.ArgumentParser) -> None:
         default="auto",
         choices=["auto", "none", "int8", "nf4"],
         help="store the blocks' linear weights quantized with bitsandbytes (pip install "
-        "'drift-swarm[quant]'): int8 ~1/3, nf4 ~1/5 of float32's memory; norms and "
+        "'drift-swarm[quant]'): int8 ~1/4, nf4 ~1/7 of float32's weight memory; norms and "
         "activations stay in --torch_dtype (default: auto = nf4 on CUDA when bitsandbytes is "
         "installed, else none; on the CPU it works but is slower)",
     )

@@ -16,7 +16,7 @@ from aiohttp import web
 from drift.models.checkpoint import open_checkpoint
 from drift.models.devices import parse_dtype, pick_device
 from drift.models.memory import resident_bytes, trim_heap
-from drift.models.quant import parse_quant, quant_backend
+from drift.models.quant import parse_quant, quant_backend, warm_up
 from drift.models.registry import get_adapter
 from drift.models.span import ModelSpan
 from drift.server.backend import SpanBackend
@@ -77,9 +77,11 @@ def load_server(
     warn_revision_mismatch(list(records or []), ckpt.name, ckpt.fingerprint)
     log.info("loading %s blocks [%d, %d) as %s (quantization: %s) on %s",
              ckpt.name, start, end, dtype_name(dtype), quant, device)  # fmt: skip
-    # RSS before the blocks: freed heap (a conversion's) returned, the family's code imported.
-    trim_heap()
+    # RSS before the blocks: freed heap (a conversion's) returned, the family's code imported,
+    # bitsandbytes' kernels loaded: what is left to grow is the weights.
     get_adapter(ckpt.config).build_aux()
+    warm_up(quant, dtype, device)
+    trim_heap()
     before = resident_bytes()
     span = ModelSpan.load(ckpt, start, end, dtype=dtype, device=device, quant=quant,
                           progress=progress)  # fmt: skip
