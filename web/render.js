@@ -112,7 +112,7 @@ export function renderServers(tbody, records, selfPeerId, now) {
       el("td", {}, r.model || "—"),
       el("td", { "data-testid": "span" }, spanText(r)),
       el("td", { "data-testid": "dtype" }, r.dtype || "—"),
-      el("td", {}, r.quant || "—"),
+      el("td", { "data-testid": "quant" }, r.quant || "—"),
       el("td", { class: "num" }, r.role === "dht" ? "—" : number(r.throughput)),
       el("td", { class: "num", "data-testid": "cache" }, cacheInUse(r)),
       el("td", { class: "num", "data-testid": "sessions" }, r.role === "dht" ? "—" : r.active_sessions),

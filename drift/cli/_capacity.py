@@ -1,8 +1,8 @@
 """How many blocks fit on this machine: free memory / (block weights + the KV cache it reserves).
 
-Counts a block's parameters from the config on the meta device (no weights read), prices
-them at the chosen dtype or quantization, and adds the KV cache each block reserves for
-`cache_tokens` tokens. Knows nothing about which blocks to serve or how to serve them.
+Prices a block from the config (drift.models.footprint: its layer built on the meta device,
+at the chosen dtype and quantization, no weights read) and adds the KV cache each block
+reserves for `cache_tokens` tokens. Knows nothing about which blocks to serve or how.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ import torch
 
 from drift.wire.errors import BadRequest
 
-# Bytes per parameter for each quantization (nf4 keeps a scale per 64 weights).
-QUANT_BYTES: dict[str, float] = {"int8": 1.0 + 4 / 64, "nf4": 0.5 + 4 / 64}
 CPU_RESERVE_BYTES = 1 << 30  # left for the OS, the Python process and activations
 ACCEL_RESERVE_BYTES = 512 << 20  # activations, allocator slack, CUDA context
 USABLE_FRACTION = 0.9
@@ -64,36 +62,9 @@ def free_memory(device: torch.device) -> int:
     return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
 
-def params_per_block(config) -> int:
-    """Parameters of the largest decoder block, counted on the meta device."""
-    from transformers import AutoModelForCausalLM
-
-    num_layers = int(config.num_hidden_layers)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    lists = [
-        m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == num_layers
-    ]
-    if not lists:
-        raise BadRequest(f"cannot find the {num_layers} decoder blocks of {config.model_type}")
-    return max(sum(p.numel() for p in layer.parameters()) for layer in lists[0])
-
-
-def kv_values_per_token(config) -> int:
-    """Key + value numbers one block stores per cached token."""
-    text = getattr(config, "text_config", None) or config
-    heads = int(text.num_attention_heads)
-    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
-    return 2 * kv_heads * head_dim
-
-
-def bytes_per_param(dtype: torch.dtype, quant: str = "none") -> float:
-    if quant in ("none", None):
-        return float(torch.finfo(dtype).bits // 8)
-    if quant not in QUANT_BYTES:
-        raise BadRequest(f"unknown quantization {quant!r}; use none, {', '.join(QUANT_BYTES)}")
-    return QUANT_BYTES[quant]
+def reserve_bytes(device: torch.device) -> int:
+    """Memory left for the OS, the Python process and activations."""
+    return CPU_RESERVE_BYTES if device.type == "cpu" else ACCEL_RESERVE_BYTES
 
 
 def blocks_that_fit(
@@ -108,13 +79,24 @@ def blocks_that_fit(
 
 
 def choose_num_blocks(
-    config, device: torch.device, dtype: torch.dtype, *, quant: str = "none", cache_tokens: int
+    config,
+    device: torch.device,
+    dtype: torch.dtype,
+    *,
+    quant: str = "none",
+    cache_tokens: int,
+    free_bytes: int | None = None,
 ) -> Capacity:
-    """How many of the model's blocks this device can serve, with the numbers behind it."""
-    free = free_memory(device)
-    block = int(params_per_block(config) * bytes_per_param(dtype, quant))
-    cache = kv_values_per_token(config) * cache_tokens * (torch.finfo(dtype).bits // 8)
-    reserve = CPU_RESERVE_BYTES if device.type == "cpu" else ACCEL_RESERVE_BYTES
+    """How many of the model's blocks this device can serve, with the numbers behind it.
+
+    `free_bytes`: the memory to fill (default: what is free on `device` now).
+    """
+    from drift.models.footprint import block_weight_bytes, kv_bytes_per_token
+
+    free = free_memory(device) if free_bytes is None else free_bytes
+    block = max(block_weight_bytes(config, dtype, quant))  # the costliest kind of block
+    cache = kv_bytes_per_token(config, dtype) * cache_tokens
+    reserve = reserve_bytes(device)
     total = int(config.num_hidden_layers)
     n = blocks_that_fit(
         free_bytes=free,

@@ -75,8 +75,8 @@ def _engine(args: argparse.Namespace, model_id: str) -> Any:
         from drift.models.checkpoint import open_checkpoint
         from drift.models.devices import parse_dtype
 
-        ckpt = open_checkpoint(args.model, cache_dir=args.cache_dir)
         dtype = parse_dtype(args.torch_dtype, torch.device("cpu"))
+        ckpt = open_checkpoint(args.model, cache_dir=args.cache_dir, dtype=dtype)
         model = AutoModelForCausalLM.from_pretrained(ckpt.path, dtype=dtype).eval()
         tokenizer = AutoTokenizer.from_pretrained(ckpt.path)
         return CausalLMEngine(model, tokenizer, model_id=model_id)

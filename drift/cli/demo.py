@@ -18,6 +18,7 @@ from pathlib import Path
 
 from drift.cli._options import add_cache_dir, add_model
 from drift.cli.procs import read_records
+from drift.cli.server import add_quant_type
 from drift.paths import resolve_cache_dir
 from drift.wire.errors import DriftError
 
@@ -37,6 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max_new_tokens", type=int, default=48, help="tokens to generate")
     p.add_argument("--keep", action="store_true", help="leave the swarm running (stop: drift down)")
     add_cache_dir(p)
+    add_quant_type(p)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the swarm")
     p.set_defaults(func=run)
 
@@ -74,12 +76,14 @@ def _wait_token(proc: subprocess.Popen[bytes], cache: Path, deadline: float) -> 
 
 def run(args: argparse.Namespace) -> int:
     from drift.models.checkpoint import open_checkpoint
+    from drift.models.devices import parse_dtype, pick_device
 
     cache = resolve_cache_dir(args.cache_dir)
     env = dict(os.environ, DRIFT_CACHE=str(cache))
     print(f"opening {args.model} (converted once, then cached under {cache}) ...", flush=True)
-    try:
-        ckpt = open_checkpoint(args.model, cache_dir=cache)
+    try:  # converted to what the servers (drift up's default dtype) will run
+        ckpt = open_checkpoint(args.model, cache_dir=cache,
+                               dtype=parse_dtype("auto", pick_device("auto")))  # fmt: skip
     except DriftError as exc:
         print(f"drift demo: {exc.message}", file=sys.stderr)
         return 1
@@ -94,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         for i, (start, end) in enumerate(spans):
             cmd = ["up", args.model, "--host", "127.0.0.1", "--port", "0",
                    "--block_indices", f"{start}:{end}", "--identity_path", str(work / f"{i}.key"),
-                   "--cache_dir", str(cache)]  # fmt: skip
+                   "--cache_dir", str(cache), "--quant_type", args.quant_type]  # fmt: skip
             if token:
                 cmd += ["--join", token]
             print(f"starting server {i + 1}/{len(spans)} on blocks [{start}, {end}) "

@@ -91,10 +91,12 @@ def load_client(model: str, tokens: tuple[JoinToken, ...], *, swarm_key: str | N
     from transformers import AutoTokenizer
 
     from drift.client import AutoDistributedModelForCausalLM
+    from drift.client.loading import resolve_dtype
     from drift.models.checkpoint import open_checkpoint
 
     cache = Path(cache_dir) if cache_dir else None
-    ckpt = open_checkpoint(model, cache_dir=cache, blocks=range(0))  # opened once, used twice
+    dtype = resolve_dtype(None, torch_dtype)  # a GGUF converts once, to what the client runs
+    ckpt = open_checkpoint(model, cache_dir=cache, blocks=range(0), dtype=dtype)  # opened once
     tokenizer = AutoTokenizer.from_pretrained(ckpt.path)
     dist = AutoDistributedModelForCausalLM.from_pretrained(
         ckpt, initial_peers=list(tokens), swarm_key=swarm_key, torch_dtype=torch_dtype

@@ -82,6 +82,19 @@ def add_server_options(p: argparse.ArgumentParser, *, num_blocks_default: str = 
         default=None,
         help="announced block-tokens/s of one block (default: measured once, cached)",
     )
+    add_quant_type(p)
+
+
+def add_quant_type(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--quant_type",
+        default="auto",
+        choices=["auto", "none", "int8", "nf4"],
+        help="store the blocks' linear weights quantized with bitsandbytes (pip install "
+        "'drift-swarm[quant]'): int8 ~1/4, nf4 ~1/7 of float32's weight memory; norms and "
+        "activations stay in --torch_dtype (default: auto = nf4 on CUDA when bitsandbytes is "
+        "installed, else none; on the CPU it works but is slower)",
+    )
 
 
 def server_config_from_args(args: argparse.Namespace, *, num_blocks: int | None = None,
@@ -100,7 +113,7 @@ def server_config_from_args(args: argparse.Namespace, *, num_blocks: int | None 
         attn_cache_tokens=args.attn_cache_tokens, max_batch_size=args.max_batch_size,
         inference_max_length=args.inference_max_length, session_timeout_s=args.session_timeout,
         max_body_bytes=int(args.max_body_mb * (1 << 20)), throughput=args.throughput,
-        cache_dir=cache_dir or resolve_cache_dir(args.cache_dir),
+        cache_dir=cache_dir or resolve_cache_dir(args.cache_dir), quant_type=args.quant_type,
     )  # fmt: skip
 
 
@@ -139,8 +152,9 @@ def _load_and_serve(rec: RecordHandle, identity: Identity, node_config: NodeConf
         log.error("%s", exc.message)
         return 2
     b = server.backend
-    log.info("serving blocks [%d, %d) of %s as %s, throughput %.1f block-tokens/s",
-             b.start_block, b.end_block, b.model_name, b.dtype_name, server.throughput)  # fmt: skip
+    log.info("serving blocks [%d, %d) of %s as %s (quantization: %s), throughput %.1f "
+             "block-tokens/s", b.start_block, b.end_block, b.model_name, b.dtype_name, b.quant,
+             server.throughput)  # fmt: skip
     app = build_node_app(node)
     attach_server(app, server, node)
 

@@ -38,18 +38,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def format_members(records: Sequence[PeerRecord], *, now: float | None = None) -> list[str]:
     now = time.time() if now is None else now
-    rows = [("peer", "address", "role", "blocks", "dtype", "state", "throughput", "cache left",
+    rows = [("peer", "address", "role", "blocks", "state", "weights", "throughput", "cache left",
              "sessions")]  # fmt: skip
     for rec in sorted(records, key=lambda r: (r.span is None, r.start_block or 0)):
         span = format_span(*rec.span) if rec.span is not None else "-"
-        kind = "-" if rec.dtype is None else rec.dtype + ("" if rec.quant in (None, "none")
-                                                          else f"/{rec.quant}")  # fmt: skip
         state = rec.state + (" (expired)" if rec.expires_at < now else "")
-        rows.append((_short(rec.peer_id), ", ".join(rec.addrs) or "-", rec.role, span, kind,
-                     state, f"{rec.throughput:.1f}",
+        rows.append((_short(rec.peer_id), ", ".join(rec.addrs) or "-", rec.role, span, state,
+                     weights_label(rec), f"{rec.throughput:.1f}",
                      f"{rec.cache_tokens_left}/{rec.cache_tokens_total}",
                      str(rec.active_sessions)))  # fmt: skip
     return _table(rows)
+
+
+def weights_label(rec: PeerRecord) -> str:
+    """'float32', 'bfloat16 nf4' (dtype and quantization of a server's weights), or '-'."""
+    if rec.dtype is None:
+        return "-"
+    return f"{rec.dtype} {rec.quant}" if rec.quant not in (None, "none") else rec.dtype
 
 
 def format_coverage(cov: Coverage) -> list[str]:

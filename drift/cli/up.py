@@ -30,7 +30,7 @@ from drift.node import NodeConfig
 from drift.paths import resolve_cache_dir
 from drift.server.config import ServerConfig
 from drift.swarm import PeerRecord
-from drift.wire.errors import BadRequest, DriftError
+from drift.wire.errors import DriftError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -41,12 +41,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "it starts a new swarm and prints the command other machines run to join it.",
     )
     add_server_options(p, num_blocks_default="as many as fit in free memory")
-    p.add_argument(
-        "--quant_type",
-        default="none",
-        choices=["none", "int8", "nf4"],
-        help="weight quantization (default: none)",
-    )
     add_node_options(p, join_alias=True)
     p.add_argument(
         "--start_delay",
@@ -77,7 +71,6 @@ class UpConfig:
     node: NodeConfig
     server: ServerConfig  # num_blocks None: sized from free memory
     identity_path: Path  # stable identity: the join token survives restarts
-    quant_type: str  # none | int8 | nf4
     start_delay_s: float  # max random wait before reading the swarm, seconds
     balance: BalanceConfig | None  # None: never move (pinned span or --balance_quality 0)
 
@@ -86,16 +79,13 @@ def up_config_from_args(args: argparse.Namespace) -> UpConfig:
     cache = resolve_cache_dir(args.cache_dir)
     server = server_config_from_args(args, cache_dir=cache)
     node = dataclasses.replace(node_config_from_args(args), client_max_size=server.max_body_bytes)
-    if args.quant_type != "none":
-        raise BadRequest("--quant_type int8/nf4 is not supported by the block server yet; use none")
     balance = None
     if args.balance_quality > 0 and server.start_block is None:
         balance = BalanceConfig(args.balance_quality, args.mean_balance_check_period)
     identity_path = (
         Path(args.identity_path).expanduser() if args.identity_path else cache / "identity.key"
     )
-    return UpConfig(args.model, node, server, identity_path, args.quant_type, args.start_delay,
-                    balance)  # fmt: skip
+    return UpConfig(args.model, node, server, identity_path, args.start_delay, balance)
 
 
 def say(text: str) -> None:
@@ -130,10 +120,12 @@ def pick_num_blocks(cfg: UpConfig, ckpt: Any) -> int | None:
         return cfg.server.num_blocks
     from drift.cli._capacity import choose_num_blocks
     from drift.models.devices import parse_dtype, pick_device
+    from drift.models.quant import parse_quant
 
     device = pick_device(cfg.server.device)
     dtype = parse_dtype(cfg.server.torch_dtype, device)
-    cap = choose_num_blocks(ckpt.config.get_text_config(), device, dtype, quant=cfg.quant_type,
+    quant = parse_quant(cfg.server.quant_type, device)
+    cap = choose_num_blocks(ckpt.config.get_text_config(), device, dtype, quant=quant,
                             cache_tokens=cfg.server.attn_cache_tokens)  # fmt: skip
     say(f"memory: {cap.explain()}")
     return cap.num_blocks
@@ -141,9 +133,11 @@ def pick_num_blocks(cfg: UpConfig, ckpt: Any) -> int | None:
 
 def _load_and_serve(cfg: UpConfig, rec: RecordHandle, identity: Identity) -> int:
     from drift.models.checkpoint import open_checkpoint
+    from drift.models.devices import parse_dtype, pick_device
 
     say(f"opening {cfg.model} (converted once, then cached under {cfg.server.cache_dir}) ...")
-    ckpt = open_checkpoint(cfg.model, cache_dir=cfg.server.cache_dir)
+    dtype = parse_dtype(cfg.server.torch_dtype, pick_device(cfg.server.device))  # a GGUF
+    ckpt = open_checkpoint(cfg.model, cache_dir=cfg.server.cache_dir, dtype=dtype)  # converts to it
     cfg = dataclasses.replace(
         cfg, server=dataclasses.replace(cfg.server, num_blocks=pick_num_blocks(cfg, ckpt))
     )
@@ -172,7 +166,7 @@ def serve(cfg: UpConfig, rec: RecordHandle, identity: Identity, ckpt: Any,
                          ckpt=ckpt)  # fmt: skip
     b = server.backend
     say(f"loaded blocks [{b.start_block}, {b.end_block}) of {b.model_name} ({b.num_model_blocks} "
-        f"blocks) as {b.dtype_name} in {time.perf_counter() - t0:.1f}s; "
+        f"blocks) as {b.dtype_name} (quantization: {b.quant}) in {time.perf_counter() - t0:.1f}s; "
         f"throughput {server.throughput:.1f} block-tokens/s")  # fmt: skip
     node = MembershipNode(identity, cfg.node)
     app = build_node_app(node)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from drift.client.classify import DistributedModelForSequenceClassification
-from drift.client.loading import open_client_checkpoint
+from drift.client.loading import open_client_checkpoint, resolve_dtype
 from drift.client.model import DistributedModelForCausalLM
 
 
@@ -56,8 +56,9 @@ FAMILY_CLASSES: dict[str, type[DistributedModelForCausalLM]] = {
 class AutoDistributedModelForCausalLM:
     @classmethod
     def from_pretrained(cls, name_or_path: Any, **kwargs: Any) -> DistributedModelForCausalLM:
+        dtype = resolve_dtype(kwargs.get("dtype"), kwargs.get("torch_dtype"))  # a GGUF converts
         ckpt = open_client_checkpoint(name_or_path, cache_dir=kwargs.pop("cache_dir", None),
-                                      revision=kwargs.pop("revision", None))  # fmt: skip
+                                      revision=kwargs.pop("revision", None), dtype=dtype)  # fmt: skip
         family = FAMILY_CLASSES.get(str(ckpt.config.model_type), DistributedModelForCausalLM)
         return family.from_pretrained(ckpt, **kwargs)
 

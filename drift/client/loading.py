@@ -57,16 +57,18 @@ def parse_peers(initial_peers: Any, swarm_key: str | None) -> tuple[JoinToken, .
 
 
 def open_client_checkpoint(name_or_path: Any, *, cache_dir: Any = None,
-                           revision: str | None = None) -> Checkpoint:  # fmt: skip
-    """The checkpoint as a client needs it (no block weights fetched); one already opened is
-    passed through, so a from_pretrained chain opens it once."""
+                           revision: str | None = None,
+                           dtype: torch.dtype | None = None) -> Checkpoint:  # fmt: skip
+    """The checkpoint as a client needs it (no block weights fetched; a GGUF converts to
+    `dtype`, the client's); one already opened is passed through, so a from_pretrained chain
+    opens it once."""
     from drift.models.checkpoint import Checkpoint, open_checkpoint
 
     if isinstance(name_or_path, Checkpoint):
         return name_or_path
     cache = Path(cache_dir) if cache_dir is not None else None
     return open_checkpoint(str(name_or_path), cache_dir=cache, revision=revision,
-                           blocks=range(0))  # fmt: skip
+                           blocks=range(0), dtype=dtype)  # fmt: skip
 
 
 def load_parts(
@@ -79,7 +81,8 @@ def load_parts(
 
     torch_dt = resolve_dtype(dtype, torch_dtype)
     tokens = parse_peers(initial_peers, swarm_key)
-    ckpt = open_client_checkpoint(name_or_path, cache_dir=cache_dir, revision=revision)
+    ckpt = open_client_checkpoint(name_or_path, cache_dir=cache_dir, revision=revision,
+                                  dtype=torch_dt)  # fmt: skip
     head = ClientHead.load(ckpt, dtype=torch_dt)
     config = client_config or ClientConfig()
     token_keys = [t.swarm_key for t in tokens if t.swarm_key]

@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -112,13 +112,24 @@ class Checkpoint:
         """Every tensor name of the model (also those in shards not fetched)."""
         return sorted([*self._index.files, *self._index.absent])
 
-    def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
-        """Tensors whose names start with `prefix`, prefix stripped; reads only those."""
-        absent = sorted({s for n, s in self._index.absent.items() if n.startswith(prefix)})
+    def _absent(self, prefixes: tuple[str, ...]) -> list[str]:
+        return sorted({s for n, s in self._index.absent.items() if n.startswith(prefixes)})
+
+    def prefetch(self, prefixes: Iterable[str]) -> None:
+        """Fetch, in one go, the absent shards holding tensors under any of `prefixes`.
+
+        A partial Hub checkpoint fetches shards on first use anyway; this makes a span's
+        shards one parallel download instead of one per block. No-op for local checkpoints.
+        """
+        absent = self._absent(tuple(prefixes))
         if absent and self._fetch_shards is not None:
             self._fetch_shards(absent)
             self._index = index_weights(self.path, partial=self._partial)
-            absent = sorted({s for n, s in self._index.absent.items() if n.startswith(prefix)})
+
+    def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
+        """Tensors whose names start with `prefix`, prefix stripped; reads only those."""
+        self.prefetch((prefix,))
+        absent = self._absent((prefix,))
         if absent:
             raise NotFound(
                 f"tensors {prefix}* of {self.name} are in shard(s) not downloaded: "
@@ -134,14 +145,18 @@ class Checkpoint:
         )
 
 
-def _open_gguf(gguf: Path, cache_dir: Path, name: str | None = None) -> Checkpoint:
-    directory = convert_gguf(gguf.resolve(), cache_dir)
+def _open_gguf(
+    gguf: Path, cache_dir: Path, dtype: torch.dtype | None, name: str | None = None
+) -> Checkpoint:
+    directory = convert_gguf(gguf.resolve(), cache_dir, dtype)
     return Checkpoint(directory, name=name or gguf.stem, revision=cached_revision(directory))
 
 
-def _open_dir(directory: Path, cache_dir: Path, revision: str | None) -> Checkpoint:
+def _open_dir(
+    directory: Path, cache_dir: Path, revision: str | None, dtype: torch.dtype | None
+) -> Checkpoint:
     if not (directory / "config.json").is_file() and (gguf := find_single_gguf(directory)):
-        return _open_gguf(gguf, cache_dir)
+        return _open_gguf(gguf, cache_dir, dtype)
     # A GGUF conversion in the cache records its source: opened by path it is the same model
     # (same revision, so the same fingerprint) as when opened by its alias or .gguf file.
     return Checkpoint(directory.resolve(), revision=revision or cached_revision(directory))
@@ -153,36 +168,38 @@ def open_checkpoint(
     cache_dir: Path | None = None,
     revision: str | None = None,
     blocks: range | None = None,
+    dtype: torch.dtype | None = None,
 ) -> Checkpoint:
     """Open an alias, a local dir, a .gguf file or a Hub id ("org/name") as a Checkpoint.
 
-    GGUF files (also aliases) are converted once into `cache_dir` (default_cache_dir());
-    Hub ids fetch config, tokenizer and only the shards holding `blocks` + client pieces.
+    GGUF files (also aliases) are converted once into `cache_dir` (default_cache_dir()), to
+    `dtype`, the dtype the weights will run in (None: any conversion already cached, else
+    bfloat16; enough for config and tokenizer). The fingerprint does not depend on it.
+    Hub ids fetch config, tokenizer and index into the Hugging Face cache, plus the shards
+    holding `blocks`; any other shard is fetched when a tensor in it is first read.
     """
     text = os.fspath(name_or_path)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     alias = find_alias(text)
     if alias is not None:
-        return _open_gguf(resolve_alias(alias, cache), cache, name=alias.name)
+        return _open_gguf(resolve_alias(alias, cache), cache, dtype, name=alias.name)
     path = Path(text).expanduser()
     if path.is_dir():
-        return _open_dir(path, cache, revision)
+        return _open_dir(path, cache, revision, dtype)
     if path.is_file():
         if path.suffix.lower() == ".gguf":
-            return _open_gguf(path, cache)
+            return _open_gguf(path, cache, dtype)
         raise BadRequest(f"{path} is neither a checkpoint directory nor a .gguf file")
     if text.startswith(("/", ".", "~")) or text.endswith(".gguf") or text.count("/") > 1:
         raise NotFound(f"checkpoint path {text} does not exist")
     if _HUB_ID.match(text):
-        snapshot, commit = fetch_hub(text, cache_dir=cache, revision=revision, blocks=blocks)
+        snapshot, commit = fetch_hub(text, revision=revision, blocks=blocks)
         return Checkpoint(
             snapshot,
             name=text,
             revision=commit,
             partial=True,
-            fetch_shards=functools.partial(
-                fetch_hub_shards, text, cache_dir=cache, revision=commit
-            ),
+            fetch_shards=functools.partial(fetch_hub_shards, text, revision=commit),
         )
     raise NotFound(
         f"unknown model {text!r}: not a path that exists, not an alias "

@@ -75,7 +75,7 @@ class ClientHead(torch.nn.Module):
         if embed_norm is not None:
             prefix = adapter.embed_norm_prefix
             assert prefix is not None, f"{type(adapter).__name__} builds an unnamed embedding norm"
-            embed_norm = _loaded(embed_norm, read(prefix), "embedding norm")
+            embed_norm = _loaded(embed_norm, read(prefix), "embedding norm").to(device, dtype)
         per_layer = None
         if (built := adapter.build_per_layer()) is not None:
             module, prefix = built  # read by exact names: never the blocks under the prefix

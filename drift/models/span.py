@@ -14,6 +14,8 @@ import torch
 
 from drift.models.adapters.base import RunContext
 from drift.models.convert import convert_block
+from drift.models.memory import trim_heap
+from drift.models.quant import QUANT_TYPES, quant_backend, quantize_layer
 from drift.models.registry import get_adapter
 from drift.models.session import SpanSession
 from drift.wire.checks import check_grad_outputs, check_pass
@@ -51,12 +53,14 @@ class ModelSpan(torch.nn.Module):
         end_block: int,
         dtype: torch.dtype,
         device: torch.device,
+        quant: str = "none",
     ) -> None:
         super().__init__()
         self.adapter = adapter
         self.config = adapter.config
         self.start_block, self.end_block = start_block, end_block
         self.dtype, self.device = dtype, device
+        self.quant = quant  # none | int8 | nf4: how the blocks' linear weights are stored
         self.layers = torch.nn.ModuleList(layers)
         self.aux = adapter.build_aux().to(device)
 
@@ -69,9 +73,14 @@ class ModelSpan(torch.nn.Module):
         *,
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
+        quant: str = "none",
         progress: Callable[[int, int], None] | None = None,
     ) -> ModelSpan:
-        """Load blocks [start_block, end_block) alone; `progress(done, total)` after each."""
+        """Load blocks [start_block, end_block) alone; `progress(done, total)` after each.
+
+        `quant` int8/nf4 stores the blocks' linear weights quantized (drift.models.quant),
+        one block at a time, so the float weights of only one block exist at once.
+        """
         adapter = get_adapter(ckpt.config)
         if not 0 <= start_block < end_block <= adapter.num_layers:
             raise BadRequest(
@@ -80,13 +89,20 @@ class ModelSpan(torch.nn.Module):
             )
         if dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise BadRequest(f"unsupported dtype {dtype}; use float32, float16 or bfloat16")
+        if quant not in QUANT_TYPES:
+            raise BadRequest(f"unknown quantization {quant!r}; use one of {', '.join(QUANT_TYPES)}")
+        if quant != "none":
+            quant_backend()  # a missing bitsandbytes fails before any weight is read
         device = torch.device(device)
+        # A partial (Hub) checkpoint fetches this span's shards in one go, and no others.
+        ckpt.prefetch([adapter.layer_prefix.format(i=i) for i in range(start_block, end_block)])
         layers = []
         for i in range(start_block, end_block):
-            layers.append(_load_layer(adapter, ckpt, i, dtype, device))
+            layers.append(_load_layer(adapter, ckpt, i, dtype, device, quant))
             if progress is not None:
                 progress(len(layers), end_block - start_block)
-        return cls(adapter, layers, start_block, end_block, dtype, device)
+        trim_heap()  # the float copies freed while loading (and quantizing) go back to the OS
+        return cls(adapter, layers, start_block, end_block, dtype, device, quant)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.layers.parameters())
@@ -245,15 +261,19 @@ class ModelSpan(torch.nn.Module):
 
 
 def _load_layer(
-    adapter: Any, ckpt: Any, index: int, dtype: torch.dtype, device: torch.device
+    adapter: Any, ckpt: Any, index: int, dtype: torch.dtype, device: torch.device, quant: str
 ) -> torch.nn.Module:
     """Block `index` built on meta, then given the checkpoint's tensors (nothing else read)."""
     prefix = adapter.layer_prefix.format(i=index)
     stored = ckpt.tensors(prefix)
     if not stored:
         raise BadRequest(f"the checkpoint has no tensors for block {index} (prefix {prefix!r})")
+    # Quantized blocks are assembled on the CPU; bitsandbytes quantizes on the move to `device`.
+    # copy=True: a tensor read in its stored dtype is a view of the safetensors file's mmap, and
+    # one such view (a norm) would keep the whole mapping, and every page of it read, resident.
+    target = device if quant == "none" else torch.device("cpu")
     state = {
-        name: (t.to(device, dtype) if t.is_floating_point() else t.to(device))
+        name: t.to(target, dtype if t.is_floating_point() else t.dtype, copy=True)
         for name, t in convert_block(adapter.config.model_type, prefix, stored).items()
     }
     layer = adapter.build_layer(index)
@@ -265,4 +285,6 @@ def _load_layer(
     if leftover:
         raise BadRequest(f"block {index} has buffers the checkpoint does not hold: {leftover}")
     layer.requires_grad_(False)
+    if quant != "none":
+        layer = quantize_layer(layer, quant, dtype, device)
     return layer.eval()

@@ -15,6 +15,9 @@ from aiohttp import web
 
 from drift.models.checkpoint import Checkpoint, open_checkpoint
 from drift.models.devices import parse_dtype, pick_device
+from drift.models.memory import resident_bytes, trim_heap
+from drift.models.quant import parse_quant, quant_backend, warm_up
+from drift.models.registry import get_adapter
 from drift.models.span import ModelSpan
 from drift.server.backend import SpanBackend
 from drift.server.config import ServerConfig
@@ -57,22 +60,41 @@ def load_server(
     """Open the checkpoint (unless given), load this server's blocks, measure (or take) its
     throughput. `progress(done, total)` is called after each block is loaded.
     """
+    device = pick_device(config.device)
+    dtype = parse_dtype(config.torch_dtype, device)
+    quant = parse_quant(config.quant_type, device)
+    if quant != "none":
+        quant_backend()  # missing bitsandbytes: fail now, not after minutes of downloads
+        if device.type == "cpu":
+            log.warning("--quant_type %s on the CPU saves memory, but its matmuls run 1.5-4x "
+                        "slower than float32's (bitsandbytes' CPU kernels)", quant)  # fmt: skip
     if ckpt is None:
-        ckpt = open_checkpoint(config.model, cache_dir=config.cache_dir, revision=config.revision)
+        ckpt = open_checkpoint(config.model, cache_dir=config.cache_dir,
+                               revision=config.revision, dtype=dtype)  # fmt: skip
     num_model_blocks = int(ckpt.config.get_text_config().num_hidden_layers)  # text tower
     same_model = records_for_model(list(records or []), ckpt.fingerprint)
     start, end = resolve_span(config, num_model_blocks, same_model)
-    device = pick_device(config.device)
-    dtype = parse_dtype(config.torch_dtype, device)
     warn_dtype_mismatch(same_model, dtype_name(dtype))
     warn_revision_mismatch(list(records or []), ckpt.name, ckpt.fingerprint)
-    log.info("loading %s blocks [%d, %d) as %s on %s", ckpt.name, start, end, dtype, device)
-    span = ModelSpan.load(ckpt, start, end, dtype=dtype, device=device, progress=progress)
+    log.info("loading %s blocks [%d, %d) as %s (quantization: %s) on %s",
+             ckpt.name, start, end, dtype_name(dtype), quant, device)  # fmt: skip
+    # RSS before the blocks: freed heap (a conversion's) returned, the family's code imported,
+    # bitsandbytes' kernels loaded: what is left to grow is the weights.
+    get_adapter(ckpt.config).build_aux()
+    warm_up(quant, dtype, device)
+    trim_heap()
+    before = resident_bytes()
+    span = ModelSpan.load(ckpt, start, end, dtype=dtype, device=device, quant=quant,
+                          progress=progress)  # fmt: skip
+    after = resident_bytes()
+    if before is not None and after is not None:
+        log.info("weights of blocks [%d, %d) take %.1f MiB resident (RSS %.1f -> %.1f MiB)",
+                 start, end, (after - before) / 2**20, before / 2**20, after / 2**20)  # fmt: skip
     backend = SpanBackend(span, model_name=ckpt.name, fingerprint=ckpt.fingerprint,
-                          max_batch_size=config.max_batch_size)  # fmt: skip
+                          max_batch_size=config.max_batch_size, quant=quant)  # fmt: skip
     throughput = config.throughput
     if throughput is None:
-        key = throughput_key(device, ckpt.fingerprint, dtype, backend.quant)
+        key = throughput_key(device, ckpt.fingerprint, dtype, quant)
         throughput = cached_throughput(span, key=key, cache_dir=config.cache_dir)
     return BlockServer(config, backend, throughput=throughput)
 

@@ -18,6 +18,9 @@ class ServerConfig:
     num_blocks: int | None = None  # how many blocks to serve when start/end are not pinned
     device: str = "auto"  # torch device name: auto | cpu | cuda[:i] | xpu | mps
     torch_dtype: str = "float32"  # weights and compute dtype: float32 | float16 | bfloat16
+    # how the blocks' linear weights are stored: none | int8 | nf4 (bitsandbytes), or auto:
+    # nf4 on CUDA, none elsewhere; norms, routers and activations stay in torch_dtype
+    quant_type: str = "none"
     # KV-cache budget, in tokens per served block: a session reserves
     # max_length x batch_size tokens in each block of its (sub-)span, i.e.
     # max_length x batch_size x n_blocks block-tokens of attn_cache_tokens x span blocks.

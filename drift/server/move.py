@@ -50,10 +50,14 @@ async def prepare_move(current: SpanRuntime, config: ServerConfig, start_block: 
 
 def _load(config: ServerConfig, old: SpanBackend, ckpt: Checkpoint | None, start_block: int,
           end_block: int) -> ModelSpan:  # fmt: skip
+    """The new span in the old one's dtype, device and quantization (a move changes blocks
+    only)."""
+    span = old.span
     if ckpt is None:
-        ckpt = open_checkpoint(config.model, cache_dir=config.cache_dir, revision=config.revision)
-    return ModelSpan.load(ckpt, start_block, end_block, dtype=old.span.dtype,
-                          device=old.span.device)  # fmt: skip
+        ckpt = open_checkpoint(config.model, cache_dir=config.cache_dir, revision=config.revision,
+                               dtype=span.dtype)  # fmt: skip
+    return ModelSpan.load(ckpt, start_block, end_block, dtype=span.dtype, device=span.device,
+                          quant=span.quant)  # fmt: skip
 
 
 async def _drain(sessions: SessionManager, deadline: float) -> None:

@@ -1,32 +1,14 @@
-"""The memory-based block count of `drift up` (pure arithmetic + meta-device parameter counts)."""
+"""The memory-based block count of `drift up`: arithmetic over drift.models.footprint prices."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from drift.cli._capacity import (
-    blocks_that_fit,
-    bytes_per_param,
-    choose_num_blocks,
-    free_memory,
-    kv_values_per_token,
-    params_per_block,
-)
+from drift.cli._capacity import blocks_that_fit, choose_num_blocks, free_memory
+from drift.models.footprint import block_weight_bytes, kv_bytes_per_token
 from drift.wire.errors import BadRequest
-from tests.tiny_models import build_tiny, tiny_config
-
-
-@pytest.mark.parametrize("family", ["llama", "gemma3_text", "qwen3_moe"])
-def test_params_per_block_matches_the_real_layers(family):
-    model = build_tiny(family)
-    real = max(sum(p.numel() for p in layer.parameters()) for layer in model.model.layers)
-    assert params_per_block(tiny_config(family)) == real
-
-
-def test_kv_values_per_token():
-    cfg = tiny_config("llama")  # 2 kv heads x head_dim 16, keys and values
-    assert kv_values_per_token(cfg) == 2 * 2 * 16
+from tests.tiny_models import tiny_config
 
 
 def test_blocks_that_fit_arithmetic():
@@ -48,20 +30,36 @@ def test_blocks_that_fit_arithmetic():
     )
 
 
-def test_bytes_per_param():
-    assert bytes_per_param(torch.float32) == 4 and bytes_per_param(torch.bfloat16) == 2
-    assert 0.5 < bytes_per_param(torch.float16, "nf4") < 1 < bytes_per_param(torch.float16, "int8")
-    with pytest.raises(BadRequest, match="unknown quantization"):
-        bytes_per_param(torch.float16, "int3")
-
-
 def test_choose_num_blocks_on_this_cpu():
     cfg = tiny_config("llama")
     cap = choose_num_blocks(cfg, torch.device("cpu"), torch.float32, cache_tokens=1024)
     assert cap.num_blocks == cfg.num_hidden_layers  # tiny blocks: all fit
     assert cap.free_bytes == pytest.approx(free_memory(torch.device("cpu")), rel=0.2)
     assert cap.cache_bytes == 64 * 1024 * 4
+    assert cap.block_bytes == max(block_weight_bytes(cfg, torch.float32))
     assert "blocks fit" in cap.explain()
     # A KV cache bigger than the machine: nothing fits, and the error says what to change.
     with pytest.raises(BadRequest, match="--num_blocks"):
         choose_num_blocks(cfg, torch.device("cpu"), torch.float32, cache_tokens=10**12)
+    with pytest.raises(BadRequest, match="unknown quantization"):
+        choose_num_blocks(cfg, torch.device("cpu"), torch.float32, quant="int3", cache_tokens=1)
+
+
+def test_quantization_fits_more_blocks_in_the_same_memory():
+    """What `drift up --quant_type` sizes its span by: the quantized block's real cost."""
+    from transformers import AutoConfig
+
+    # SmolLM2-135M's shape (30 blocks, hidden 576), with 60 MiB to fill after the CPU reserve
+    cfg = AutoConfig.for_model("llama", hidden_size=576, intermediate_size=1536,
+                               num_hidden_layers=30, num_attention_heads=9,
+                               num_key_value_heads=3, vocab_size=49152)  # fmt: skip
+    free = ((60 << 20) + (1 << 30)) / 0.9
+    counts = {}
+    for quant in ("none", "int8", "nf4"):
+        cap = choose_num_blocks(cfg, torch.device("cpu"), torch.float32, quant=quant,
+                                cache_tokens=256, free_bytes=int(free))  # fmt: skip
+        assert cap.block_bytes == block_weight_bytes(cfg, torch.float32, quant)[0]
+        assert cap.cache_bytes == kv_bytes_per_token(cfg, torch.float32) * 256
+        counts[quant] = cap.num_blocks
+    assert counts == {"none": 4, "int8": 15, "nf4": 28}  # 13.9, 3.8, 2.1 MiB per block
+    print(f"\nblocks in 60 MiB: {counts}")

@@ -32,3 +32,20 @@ def test_format_members_marks_expired():
                       cache_tokens_total=20, expires_at=100.0)  # fmt: skip
     header, row = format_members([rec], now=200.0)
     assert "peer" in header and "[0, 2)" in row and "online (expired)" in row and "10/20" in row
+
+
+def test_format_members_shows_dtype_and_quantization():
+    nf4 = make_record(span=(0, 2), dtype="bfloat16", quant="nf4", expires_at=300.0)
+    f32 = make_record(span=(0, 2), dtype="float32", quant="none", expires_at=300.0)
+    dht = make_record(expires_at=300.0)  # role dht: no blocks, no dtype, no quantization
+    header, *rows = format_members([nf4, f32, dht], now=200.0)
+    assert "weights" in header.split()
+    by_peer = {row.split()[0]: row for row in rows}
+    short = {r.peer_id: f"{r.peer_id[:8]}..{r.peer_id[-6:]}" for r in (nf4, f32, dht)}
+    assert "bfloat16 nf4" in by_peer[short[nf4.peer_id]]
+    assert " float32 " in by_peer[short[f32.peer_id]] and "none" not in by_peer[short[f32.peer_id]]
+    assert by_peer[short[dht.peer_id]].split()[3:6] == [
+        "-",
+        "online",
+        "-",
+    ]  # blocks, state, weights

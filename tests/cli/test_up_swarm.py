@@ -28,11 +28,14 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory) -> Path:
-    """A cache dir holding the converted SmolLM2 (converted once for all subprocesses)."""
+    """A cache dir holding SmolLM2 converted to float32 (what `drift up` runs on a CPU), once
+    for all subprocesses."""
+    import torch
+
     from drift.models.checkpoint import open_checkpoint
 
     directory = tmp_path_factory.mktemp("drift-cache")
-    open_checkpoint("smollm2", cache_dir=directory)
+    open_checkpoint("smollm2", cache_dir=directory, dtype=torch.float32)
     return directory
 
 

@@ -40,6 +40,9 @@ def tiny_dirs(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def smollm2_dir(tmp_path_factory) -> Path:
-    """SmolLM2-135M-Instruct converted from its GGUF into a checkpoint dir, once per run."""
+    """SmolLM2-135M-Instruct converted (float32) from its GGUF into a checkpoint dir, once per
+    run."""
+    import torch
+
     cache = tmp_path_factory.mktemp("client-smollm2")
-    return Path(open_checkpoint("smollm2", cache_dir=cache).path)
+    return Path(open_checkpoint("smollm2", cache_dir=cache, dtype=torch.float32).path)

@@ -38,6 +38,8 @@ def smollm2_cache(tmp_path_factory) -> Path:
 
 
 def test_smollm2_alias_converts_once_and_matches_gguf(smollm2_cache: Path, caplog) -> None:
+    """Without a dtype the conversion is bfloat16, equal tensor for tensor to transformers'
+    own GGUF load in bfloat16; float32 on request, equal to its float32 load; one fingerprint."""
     caplog.set_level(logging.INFO, logger="drift.models.sources.gguf")
     started = time.monotonic()
     ckpt = open_checkpoint("smollm2", cache_dir=smollm2_cache)
@@ -51,29 +53,41 @@ def test_smollm2_alias_converts_once_and_matches_gguf(smollm2_cache: Path, caplo
     assert not any("convert" in r.getMessage() for r in caplog.records)  # the cache was used
     assert again.path == ckpt.path and again.fingerprint == ckpt.fingerprint
     assert ckpt.name == "SmolLM2-135M-Instruct"
-    assert ckpt.path.is_relative_to(smollm2_cache)
+    assert ckpt.path.is_relative_to(smollm2_cache) and "-bfloat16-" in ckpt.path.name
     assert ckpt.revision is not None and ckpt.revision.startswith("gguf-sha256:")
     assert ckpt.config.model_type == "llama" and ckpt.config.num_hidden_layers == 30
     assert getattr(ckpt.config, "quantization_config", None) is None
+    assert str(ckpt.config.dtype).removeprefix("torch.") == "bfloat16"
     assert not [p for p in ckpt.path.parent.iterdir() if p.name.startswith(".tmp")]
-
     layer3 = ckpt.tensors("model.layers.3.")
     assert sorted(layer3) == LAYER_KEYS
-    assert all(t.dtype == torch.float32 for t in layer3.values())
+    assert all(t.dtype == torch.bfloat16 for t in layer3.values())
+    size = (ckpt.path / "model.safetensors").stat().st_size
+    assert 0.49 < size / (134.5e6 * 4) < 0.51  # half of float32's bytes
+
+    f32 = open_checkpoint("smollm2", cache_dir=smollm2_cache, dtype=torch.float32)
+    assert f32.path != ckpt.path and f32.fingerprint == ckpt.fingerprint  # one model, two dtypes
+    assert f32.tensors("model.layers.3.")["mlp.up_proj.weight"].dtype == torch.float32
+    # Without a dtype, an existing conversion serves (config and tokenizer are the same).
+    assert open_checkpoint("smollm2", cache_dir=smollm2_cache).path == ckpt.path
 
     gguf = resolve_alias(ALIASES["smollm2"], smollm2_cache)
-    torch.manual_seed(0)
-    ids = torch.randint(0, ckpt.config.vocab_size, (2, 12))
-    with torch.no_grad():
-        cached = LlamaForCausalLM.from_pretrained(ckpt.path, dtype=torch.float32).eval()
-        assert torch.equal(cached.model.layers[3].mlp.up_proj.weight, layer3["mlp.up_proj.weight"])
-        cached_logits = cached(ids).logits
-        del cached
-        direct = LlamaForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-        ).eval()
-        direct_logits = direct(ids).logits
-    assert (cached_logits - direct_logits).abs().max().item() < 1e-5
+    ids = torch.randint(
+        0, ckpt.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0)
+    )
+    for opened, dtype in ((ckpt, torch.bfloat16), (f32, torch.float32)):
+        with torch.no_grad():
+            cached = LlamaForCausalLM.from_pretrained(opened.path, dtype=dtype).eval()
+            mine, cached_logits = cached.state_dict(), cached(ids).logits
+            del cached
+            direct = LlamaForCausalLM.from_pretrained(
+                gguf.parent, gguf_file=gguf.name, dtype=dtype
+            ).eval()
+            theirs, direct_logits = direct.state_dict(), direct(ids).logits
+            del direct
+        assert sorted(mine) == sorted(theirs)
+        assert all(torch.equal(mine[k], theirs[k]) for k in theirs), dtype  # bit for bit
+        assert torch.equal(cached_logits, direct_logits), dtype
 
     text = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
     tok_cached = AutoTokenizer.from_pretrained(ckpt.path)
@@ -111,10 +125,11 @@ def test_gemma3_alias_assembles_into_cache_and_matches_gguf(
     assembled = gemma3_cache / "gguf-src" / "gemma-3-270m-q4_k_m.gguf"
     assert assembled.is_file()  # assembled into the given cache, not ~/.cache
     converted = sorted((gemma3_cache / "gguf").iterdir())
-    assert converted == [gguf_cache_path(assembled, gemma3_cache)]  # one conversion, no .tmp
+    # one conversion (float32, asked for by the fixture), no .tmp
+    assert converted == [gguf_cache_path(assembled, gemma3_cache, torch.float32)]
     assert not [p for p in assembled.parent.iterdir() if p.name.startswith(".tmp")]
     caplog.set_level(logging.INFO, logger="drift.models.sources.gguf")
-    ckpt = open_checkpoint("gemma3-270m", cache_dir=gemma3_cache)
+    ckpt = open_checkpoint("gemma3-270m", cache_dir=gemma3_cache, dtype=torch.float32)
     assert ckpt.path == converted[0]
     assert not any("converting" in r.getMessage() for r in caplog.records)
     assert ckpt.revision is not None and ckpt.revision.startswith("gguf-sha256:")
@@ -134,7 +149,7 @@ def test_gemma3_alias_assembles_into_cache_and_matches_gguf(
         direct = AutoModelForCausalLM.from_pretrained(
             assembled.parent, gguf_file=assembled.name, dtype=torch.float32
         ).eval()
-        assert (cached_logits - direct(ids).logits).abs().max().item() < 1e-4
+        assert torch.equal(cached_logits, direct(ids).logits)  # gemma's norm offsets included
     assert AutoTokenizer.from_pretrained(ckpt.path)("hello world")["input_ids"]
 
 

@@ -37,8 +37,8 @@ def test_names_of_the_text_tower() -> None:
     assert layer_of("model.audio_tower.layers.3.lconv1d.linear_start.linear.weight") is None
     assert not is_text("model.embed_vision.embedding_projection.weight")
     assert is_text("model.language_model.embed_tokens_per_layer.weight")
-    assert select_shards(WEIGHT_MAP, range(0)) == [T1, T2]  # a client
-    assert select_shards(WEIGHT_MAP, range(1, 2)) == [T1, T2]  # block 1 + client pieces
+    assert select_shards(WEIGHT_MAP, range(0)) == []  # a client: its reads fetch its shards
+    assert select_shards(WEIGHT_MAP, range(1, 2)) == [T2]  # block 1's shard only
     assert select_shards(WEIGHT_MAP, None) == [T1, T2]  # the whole model: its text tower
 
 
@@ -46,9 +46,10 @@ def test_partial_hub_snapshot_of_the_multimodal_checkpoint(tmp_path: Path) -> No
     files = tmp_path / "files"
     model = build_tiny("gemma4")
     model.save_pretrained(files, max_shard_size="40KB")
-    snapshot = hub_cache(tmp_path, "org/gemma4-tiny", files)
+    snapshot = hub_cache("org/gemma4-tiny", files)
     weight_map = json.loads((snapshot / "model.safetensors.index.json").read_text())["weight_map"]
-    keep = set(select_shards(weight_map, range(2, 4)))
+    client = {n for n in weight_map if is_text(n) and layer_of(n) is None}  # what a client reads
+    keep = set(select_shards(weight_map, range(2, 4))) | {weight_map[n] for n in client}
     media_only = {s for s in weight_map.values()} - {s for n, s in weight_map.items() if is_text(n)}
     assert media_only and not keep & media_only  # the towers have shards of their own: skipped
     for shard in set(weight_map.values()) - keep:  # a partial fetch: the rest never arrived

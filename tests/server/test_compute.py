@@ -8,19 +8,8 @@ import pytest
 import torch
 
 from drift.wire import messages as m
-from drift.wire.frames import MEDIA_TYPE, compress
+from tests.server.posts import post
 from tests.server.reference import head_logits, load_reference
-
-
-async def post(http, url, message, reply_cls, *, zstd=False):
-    body = m.encode(message)
-    headers = {"Content-Type": MEDIA_TYPE}
-    if zstd:
-        body, headers["Content-Encoding"] = compress(body), "zstd"
-    async with http.post(url, data=body, headers=headers) as resp:
-        data = await resp.read()
-        assert resp.status == 200, data[:300]
-        return m.decode(reply_cls, data)
 
 
 @pytest.fixture

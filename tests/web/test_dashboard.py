@@ -18,6 +18,7 @@ import os
 import shutil
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -80,11 +81,11 @@ class Swarm:
         self.nodes.append(node)
         return node
 
-    async def add_server(self, start: int, end: int) -> RunningServer:
+    async def add_server(self, start: int, end: int, **config: Any) -> RunningServer:
         assert self.model_dir is not None and self.nodes, "add_seed first"
         server = await start_block_server(
             self.model_dir, start, end, swarm_key=self.swarm_key,
-            initial_peers=(self.nodes[0].join_token(),),
+            initial_peers=(self.nodes[0].join_token(),), **config,
         )  # fmt: skip
         self.runners.append(server)
         self.nodes.append(server.node)
@@ -139,10 +140,10 @@ async def rows(page: Browser) -> dict[str, str]:
 
 
 def row_cells(peer_id: str) -> str:
-    """JS: [dtype, cache in use, sessions] as shown in the row of peer_id."""
+    """JS: [dtype, quant, cache in use, sessions] as shown in the row of peer_id."""
     row = f"document.querySelector('[data-testid=server-row][data-peer-id=\"{peer_id}\"]')"
     return (
-        f"(r => r && ['dtype', 'cache', 'sessions']"
+        f"(r => r && ['dtype', 'quant', 'cache', 'sessions']"
         f".map(t => r.querySelector(`[data-testid=${{t}}]`).textContent))({row})"
     )
 
@@ -150,7 +151,8 @@ def row_cells(peer_id: str) -> str:
 def expected_cells(blocks: dict) -> list[str]:
     """What the row must show for a server whose GET /blocks answered `blocks`."""
     total, left = blocks["cache_tokens_total"], blocks["cache_tokens_left"]
-    return [blocks["dtype"], f"{total - left:,} / {total:,}", str(blocks["active_sessions"])]
+    return [blocks["dtype"], blocks["quant"], f"{total - left:,} / {total:,}",
+            str(blocks["active_sessions"])]  # fmt: skip
 
 
 async def get_blocks(http: aiohttp.ClientSession, server: RunningServer) -> dict:
@@ -172,7 +174,7 @@ async def wait_row(page: Browser, peer_id: str, want: list[str], max_refreshes: 
 async def test_dashboard_shows_real_swarm(swarm: Swarm, tmp_path: Path) -> None:
     seed = await swarm.add_seed()
     a = await swarm.add_server(0, 2)
-    b = await swarm.add_server(2, 4)
+    b = await swarm.add_server(2, 4, quant_type="int8")  # a swarm may mix quantizations
     await wait_all_see(swarm, 3)
     model = a.server.backend.model_name
 
@@ -184,7 +186,10 @@ async def test_dashboard_shows_real_swarm(swarm: Swarm, tmp_path: Path) -> None:
         assert await rows(page) == {seed.peer_id: "—", a.node.peer_id: "[0, 2)",
                                     b.node.peer_id: "[2, 4)"}  # fmt: skip
         assert await page.evaluate(MISSING) == [4, 5]
-        assert await page.evaluate(row_cells(seed.peer_id)) == ["—", "—", "—"]  # no blocks
+        assert await page.evaluate(row_cells(seed.peer_id)) == ["—", "—", "—", "—"]  # no blocks
+        quantized = await get_blocks(http, b)
+        assert quantized["quant"] == "int8"
+        await wait_row(page, b.node.peer_id, expected_cells(quantized), max_refreshes=3)
         bars = await page.evaluate(
             "[...document.querySelectorAll('[data-testid=coverage-bar]')]"
             ".map(e => [e.dataset.peerId, +e.dataset.startBlock, +e.dataset.endBlock, e.dataset.state])"

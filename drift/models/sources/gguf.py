@@ -1,9 +1,10 @@
-"""Convert a GGUF file once into a cached safetensors checkpoint directory.
+"""Convert a GGUF file once into a cached safetensors checkpoint directory of a given dtype.
 
-The GGUF is loaded with transformers (dequantized to float32), its quantizer markers are
-cleared, and config + model.safetensors + tokenizer are written to a temporary directory
-that is renamed into place, so a crash never leaves a half cache. The cache key is the
-file's name, size and mtime: a later open reads nothing of the GGUF.
+Config, tokenizer and generation config come from transformers' GGUF parser; the tensors are
+streamed one at a time (gguf_tensors), so converting needs about one tensor of memory, not the
+model. Everything is written to a temporary directory renamed into place, so a crash never
+leaves a half cache. The cache key is the file's name, size and mtime plus the dtype: a later
+open reads nothing of the GGUF. Quantized GGUF blocks (Q4_K, ...) are dequantized here.
 """
 
 from __future__ import annotations
@@ -16,19 +17,31 @@ import shutil
 import time
 import uuid
 from pathlib import Path
+from typing import cast
+
+import torch
 
 from drift.wire.errors import BadRequest, NotFound
+
+from .gguf_tensors import write_gguf_tensors
 
 log = logging.getLogger(__name__)
 
 SOURCE_FILE = "drift_source.json"
+DEFAULT_DTYPE = torch.bfloat16  # what a GGUF converts to when no run dtype is given
+# Conversions an open without a dtype (config and tokenizer only) reuses, in this order.
+REUSE_ORDER = (torch.bfloat16, torch.float32, torch.float16)
+_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
-def gguf_cache_path(gguf: Path, cache_dir: Path) -> Path:
-    """The cache directory for `gguf`, keyed by its name, size and mtime."""
+def gguf_cache_path(gguf: Path, cache_dir: Path, dtype: torch.dtype = DEFAULT_DTYPE) -> Path:
+    """The cache directory for `gguf` converted to `dtype`, keyed by name, size, mtime, dtype."""
+    if dtype not in _NAMES:
+        raise BadRequest(f"cannot convert a GGUF to {dtype}; use float32, bfloat16 or float16")
     stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.name}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
-    return cache_dir / "gguf" / f"{gguf.stem}-{key[:16]}"
+    text = f"{gguf.name}|{stat.st_size}|{stat.st_mtime_ns}|{_NAMES[dtype]}"
+    key = hashlib.sha256(text.encode()).hexdigest()
+    return cache_dir / "gguf" / f"{gguf.stem}-{_NAMES[dtype]}-{key[:16]}"
 
 
 def cached_revision(directory: Path) -> str | None:
@@ -47,38 +60,56 @@ def _sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _convert_into(gguf: Path, out: Path) -> None:
-    """Load `gguf` with transformers (dequantized) and save it as a safetensors dir in `out`."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _convert_into(gguf: Path, out: Path, dtype: torch.dtype) -> None:
+    """Write config, tokenizer and the tensors (streamed, in `dtype`) of `gguf` into `out`."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-        )
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        parsed = load_gguf_checkpoint(str(gguf), return_tensors=False)["config"]
+        # transformers' stub types the lazy mapping's values as tuples; they are classes.
+        lm_class = cast(type, AutoModelForCausalLM._model_mapping[type(config)])
     except Exception as exc:  # unsupported architecture, corrupt or truncated file
         raise BadRequest(f"cannot load GGUF file {gguf} with transformers: {exc}") from exc
-    # The tensors are already plain float32: drop the quantizer markers so save_pretrained works.
-    # PreTrainedModel sets hf_quantizer at load time but does not declare it (mypy sees
-    # nn.Module.__getattr__'s Tensor | Module)
-    model.hf_quantizer = None  # type: ignore[assignment]
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.config.architectures = [type(model).__name__]
-    log.info(
-        "GGUF %s: %.1fM parameters, saving safetensors", gguf.name, model.num_parameters() / 1e6
-    )
-    model.save_pretrained(out, safe_serialization=True)
-    del model
+    if hasattr(config, "quantization_config"):  # the tensors are written plain
+        del config.quantization_config
+    config.architectures = [lm_class.__name__]
+    config.dtype = _NAMES[dtype]
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     tokenizer.save_pretrained(out)
+    del tokenizer
+    config.save_pretrained(out)
+    GenerationConfig.from_model_config(config).save_pretrained(out)
+    try:
+        count = write_gguf_tensors(gguf, config, parsed, out / "model.safetensors", dtype)
+    except (ValueError, KeyError, NotImplementedError) as exc:
+        raise BadRequest(f"cannot convert the tensors of GGUF file {gguf}: {exc}") from exc
+    log.info("GGUF %s: wrote %d tensors as %s", gguf.name, count, _NAMES[dtype])
 
 
-def convert_gguf(gguf: Path, cache_dir: Path) -> Path:
-    """The cached safetensors directory for `gguf`, converting it first if needed."""
+def find_conversion(gguf: Path, cache_dir: Path) -> Path | None:
+    """An existing conversion of `gguf` in any dtype (REUSE_ORDER), or None."""
+    for dtype in REUSE_ORDER:
+        target = gguf_cache_path(gguf, cache_dir, dtype)
+        if (target / "config.json").is_file():
+            return target
+    return None
+
+
+def convert_gguf(gguf: Path, cache_dir: Path, dtype: torch.dtype | None = None) -> Path:
+    """The cached safetensors directory for `gguf` in `dtype`, converting it first if needed.
+
+    `dtype` None (a caller that needs only config and tokenizer): any existing conversion,
+    else a DEFAULT_DTYPE one.
+    """
     if not gguf.is_file():
         raise NotFound(f"GGUF file {gguf} does not exist")
-    target = gguf_cache_path(gguf, cache_dir)
+    if dtype is None:
+        found = find_conversion(gguf, cache_dir)
+        if found is not None:
+            return found
+    target = gguf_cache_path(gguf, cache_dir, dtype or DEFAULT_DTYPE)
     if (target / "config.json").is_file():
         log.debug("GGUF %s: using cached conversion %s", gguf.name, target)
         return target
@@ -88,11 +119,12 @@ def convert_gguf(gguf: Path, cache_dir: Path) -> Path:
     log.info("GGUF %s (%.0f MB): converting once to %s", gguf, gguf.stat().st_size / 2**20, target)
     try:
         tmp.mkdir()
-        _convert_into(gguf, tmp)
+        _convert_into(gguf, tmp, dtype or DEFAULT_DTYPE)
         log.info("GGUF %s: hashing the source file", gguf.name)
         source = {
             "gguf_file": gguf.name,
             "size": gguf.stat().st_size,
+            "dtype": _NAMES[dtype or DEFAULT_DTYPE],
             "revision": f"gguf-sha256:{_sha256_file(gguf)}",
         }
         (tmp / SOURCE_FILE).write_text(json.dumps(source, indent=2))

@@ -1,9 +1,12 @@
-"""Fetch a Hub checkpoint partially: config, tokenizer, index, and only the needed shards.
+"""Fetch a Hub checkpoint piece by piece into the normal Hugging Face cache.
 
-A server serving blocks [a, b) needs the shards holding those layers plus the client
-pieces (embeddings, final norm, head, Gemma 4's per-layer embeddings), never the rest, and
-never a multimodal checkpoint's vision or audio tower. `select_shards` is the pure rule;
-`fetch_hub` applies it with huggingface_hub into DRIFT's cache. Safetensors only.
+Opening fetches only config, tokenizer files and the shard index (a repo with a single
+`model.safetensors` has no smaller piece: that file comes whole); shards come later, only
+those holding tensors someone reads: a server's blocks, a client's embeddings, norm and head.
+Files live in the Hugging Face cache (HF_HUB_CACHE / HF_HOME, default ~/.cache/huggingface),
+so what `transformers` or `hf download` already fetched is not fetched again, and the login of
+`hf auth login` / HF_TOKEN applies. `select_shards` is the pure rule; a multimodal
+checkpoint's vision and audio towers (Gemma 4) are never fetched. Safetensors only.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from drift.wire.errors import BadRequest, NotFound
+from drift.wire.errors import BadRequest, DriftError, Forbidden, NotFound
 
 from .local import read_index
 
@@ -31,6 +34,8 @@ META_FILES = (
     "chat_template.jinja",
     "model.safetensors.index.json",
 )
+SINGLE_FILE = "model.safetensors"
+LOGIN_HINT = "log in with `hf auth login` (or set HF_TOKEN)"
 _LAYER = re.compile(r"(?:^|\.)(?:layers|h)\.(\d+)\.")
 # What DRIFT never reads: the vision and audio towers of a multimodal checkpoint (Gemma 4,
 # Gemma 4 Unified: model.vision_tower., model.audio_tower., model.embed_vision., ...).
@@ -50,66 +55,89 @@ def layer_of(tensor_name: str) -> int | None:
 
 
 def select_shards(weight_map: Mapping[str, str], blocks: Iterable[int] | None) -> list[str]:
-    """Shards holding the layers in `blocks` plus every text tensor outside a layer (client
-    pieces); never those holding only vision or audio tensors.
+    """Sorted shard file names holding the layers in `blocks` (None: every shard of the text
+    model, never one holding only a multimodal checkpoint's vision or audio tower).
 
-    `blocks` None means the whole model. Sorted shard file names.
+    Tensors outside the layers (embeddings, final norm, head) are not a block's: a client
+    reads them, and its reads fetch their shards.
     """
-    wanted = None if blocks is None else set(blocks)
-    shards = {
-        shard
-        for name, shard in weight_map.items()
-        if is_text(name)
-        and (wanted is None or (layer := layer_of(name)) is None or layer in wanted)
-    }
-    return sorted(shards)
+    if blocks is None:
+        return sorted({shard for name, shard in weight_map.items() if is_text(name)})
+    wanted = set(blocks)
+    return sorted({shard for name, shard in weight_map.items() if layer_of(name) in wanted})
 
 
-def _download(repo_id: str, revision: str | None, cache_dir: Path, patterns: list[str]) -> Path:
+def _explain(repo_id: str, revision: str | None, exc: Exception) -> DriftError:
+    """A DRIFT error saying what to do about a failed Hub call."""
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    page = f"https://huggingface.co/{repo_id}"
+    if isinstance(exc, GatedRepoError):
+        return Forbidden(
+            f"{repo_id!r} is a gated model: accept its licence on {page} with your account, "
+            f"then {LOGIN_HINT} on this machine", repo_id=repo_id,
+        )  # fmt: skip
+    if isinstance(exc, RevisionNotFoundError):
+        return NotFound(f"{repo_id!r} has no revision {revision!r}; check the branch, tag or "
+                        "commit", repo_id=repo_id)  # fmt: skip
+    if isinstance(exc, RepositoryNotFoundError):
+        return NotFound(
+            f"no Hub model {repo_id!r} (or it is private): check the id on {page}; for a "
+            f"private model, {LOGIN_HINT}", repo_id=repo_id,
+        )  # fmt: skip
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    if isinstance(exc, HfHubHTTPError) and status in (401, 403):
+        return Forbidden(f"the Hub refused access to {repo_id!r} ({status}): {LOGIN_HINT} with "
+                         "a token that may read it", repo_id=repo_id)  # fmt: skip
+    if isinstance(exc, LocalEntryNotFoundError | OSError):  # offline, unreachable, not cached
+        return NotFound(
+            f"cannot fetch {repo_id!r} (revision {revision or 'main'}) from the Hugging Face "
+            f"Hub and it is not in the local Hugging Face cache: {type(exc).__name__}: {exc}. "
+            "Check your network and HF_HUB_OFFLINE, or give a local checkpoint directory or "
+            ".gguf file instead.", repo_id=repo_id,
+        )  # fmt: skip
+    return NotFound(f"cannot fetch {repo_id!r} from the Hugging Face Hub: "
+                    f"{type(exc).__name__}: {exc}", repo_id=repo_id)  # fmt: skip
+
+
+def _download(repo_id: str, revision: str | None, patterns: list[str]) -> Path:
+    """Files of `repo_id` matching `patterns` into the Hugging Face cache; the snapshot dir."""
     from huggingface_hub import snapshot_download
 
     try:
-        path = snapshot_download(
-            repo_id, revision=revision, cache_dir=cache_dir, allow_patterns=patterns
-        )
-    except Exception as exc:  # not found, gated, offline, network: all mean "cannot fetch"
-        raise NotFound(
-            f"cannot fetch {repo_id!r} (revision {revision or 'main'}) from the Hugging Face Hub: "
-            f"{type(exc).__name__}: {exc}. Check the model id, your network and HF_HUB_OFFLINE, "
-            "or give a local checkpoint directory or .gguf file instead.",
-            repo_id=repo_id,
-        ) from exc
+        path = snapshot_download(repo_id, revision=revision, allow_patterns=patterns)
+    except Exception as exc:  # not found, gated, offline, network: a message saying what to do
+        raise _explain(repo_id, revision, exc) from exc
     return Path(str(path))
 
 
-def fetch_hub_shards(repo_id: str, shards: list[str], *, cache_dir: Path, revision: str) -> None:
-    """Download more shards of `repo_id` at commit `revision` into its snapshot dir."""
+def fetch_hub_shards(repo_id: str, shards: list[str], *, revision: str) -> None:
+    """Download shards of `repo_id` at commit `revision` (those not cached yet)."""
+    if not shards:
+        return
     log.info("Hub %s@%s: fetching shard(s) %s", repo_id, revision[:8], ", ".join(shards))
-    _download(repo_id, revision, cache_dir / "hub", list(shards))
+    _download(repo_id, revision, list(shards))
 
 
 def fetch_hub(
-    repo_id: str, *, cache_dir: Path, revision: str | None = None, blocks: range | None = None
+    repo_id: str, *, revision: str | None = None, blocks: range | None = None
 ) -> tuple[Path, str]:
-    """Download what `blocks` needs of `repo_id`; returns (snapshot dir, commit hash)."""
-    hub_cache = cache_dir / "hub"
-    snapshot = _download(repo_id, revision, hub_cache, [*META_FILES, "model.safetensors"])
+    """Config, tokenizer and index of `repo_id` (+ the shards of `blocks`); (snapshot, commit)."""
+    snapshot = _download(repo_id, revision, [*META_FILES, SINGLE_FILE])
     commit = snapshot.name
     if not (snapshot / "config.json").is_file():
         raise NotFound(f"Hub repository {repo_id!r} has no config.json: not a transformers model")
     index = snapshot / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = read_index(index)
-        shards = select_shards(weight_map, blocks)
-        log.info(
-            "Hub %s@%s: fetching %d shard(s) for blocks %s",
-            repo_id,
-            commit[:8],
-            len(shards),
-            blocks,
-        )
-        _download(repo_id, commit, hub_cache, shards)
-    elif not (snapshot / "model.safetensors").is_file():
+        if blocks is not None and len(blocks):
+            fetch_hub_shards(repo_id, select_shards(read_index(index), blocks), revision=commit)
+    elif not (snapshot / SINGLE_FILE).is_file():
         raise BadRequest(
             f"Hub repository {repo_id!r} has no safetensors weights (model.safetensors or "
             "model.safetensors.index.json); DRIFT never loads pickle (pytorch_model.bin). "
