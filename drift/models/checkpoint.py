@@ -153,11 +153,13 @@ def open_checkpoint(
     cache_dir: Path | None = None,
     revision: str | None = None,
     blocks: range | None = None,
+    token: str | bool | None = None,
 ) -> Checkpoint:
     """Open an alias, a local dir, a .gguf file or a Hub id ("org/name") as a Checkpoint.
 
     GGUF files (also aliases) are converted once into `cache_dir` (default_cache_dir());
-    Hub ids fetch config, tokenizer and only the shards holding `blocks` + client pieces.
+    Hub ids fetch config, tokenizer and only the shards holding `blocks` + client pieces
+    (`token`: huggingface_hub's, for gated or private repositories).
     """
     text = os.fspath(name_or_path)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -174,14 +176,16 @@ def open_checkpoint(
     if text.startswith(("/", ".", "~")) or text.endswith(".gguf") or text.count("/") > 1:
         raise NotFound(f"checkpoint path {text} does not exist")
     if _HUB_ID.match(text):
-        snapshot, commit = fetch_hub(text, cache_dir=cache, revision=revision, blocks=blocks)
+        snapshot, commit = fetch_hub(
+            text, cache_dir=cache, revision=revision, blocks=blocks, token=token
+        )
         return Checkpoint(
             snapshot,
             name=text,
             revision=commit,
             partial=True,
             fetch_shards=functools.partial(
-                fetch_hub_shards, text, cache_dir=cache, revision=commit
+                fetch_hub_shards, text, cache_dir=cache, revision=commit, token=token
             ),
         )
     raise NotFound(

@@ -65,12 +65,15 @@ def select_shards(weight_map: Mapping[str, str], blocks: Iterable[int] | None) -
     return sorted(shards)
 
 
-def _download(repo_id: str, revision: str | None, cache_dir: Path, patterns: list[str]) -> Path:
+def _download(
+    repo_id: str, revision: str | None, cache_dir: Path, patterns: list[str],
+    token: str | bool | None = None,
+) -> Path:  # fmt: skip
     from huggingface_hub import snapshot_download
 
     try:
         path = snapshot_download(
-            repo_id, revision=revision, cache_dir=cache_dir, allow_patterns=patterns
+            repo_id, revision=revision, cache_dir=cache_dir, allow_patterns=patterns, token=token
         )
     except Exception as exc:  # not found, gated, offline, network: all mean "cannot fetch"
         raise NotFound(
@@ -82,18 +85,23 @@ def _download(repo_id: str, revision: str | None, cache_dir: Path, patterns: lis
     return Path(str(path))
 
 
-def fetch_hub_shards(repo_id: str, shards: list[str], *, cache_dir: Path, revision: str) -> None:
+def fetch_hub_shards(
+    repo_id: str, shards: list[str], *, cache_dir: Path, revision: str,
+    token: str | bool | None = None,
+) -> None:  # fmt: skip
     """Download more shards of `repo_id` at commit `revision` into its snapshot dir."""
     log.info("Hub %s@%s: fetching shard(s) %s", repo_id, revision[:8], ", ".join(shards))
-    _download(repo_id, revision, cache_dir / "hub", list(shards))
+    _download(repo_id, revision, cache_dir / "hub", list(shards), token)
 
 
 def fetch_hub(
-    repo_id: str, *, cache_dir: Path, revision: str | None = None, blocks: range | None = None
-) -> tuple[Path, str]:
-    """Download what `blocks` needs of `repo_id`; returns (snapshot dir, commit hash)."""
+    repo_id: str, *, cache_dir: Path, revision: str | None = None, blocks: range | None = None,
+    token: str | bool | None = None,
+) -> tuple[Path, str]:  # fmt: skip
+    """Download what `blocks` needs of `repo_id`; returns (snapshot dir, commit hash).
+    `token`: huggingface_hub's (None: its own default, HF_TOKEN or the saved login)."""
     hub_cache = cache_dir / "hub"
-    snapshot = _download(repo_id, revision, hub_cache, [*META_FILES, "model.safetensors"])
+    snapshot = _download(repo_id, revision, hub_cache, [*META_FILES, "model.safetensors"], token)
     commit = snapshot.name
     if not (snapshot / "config.json").is_file():
         raise NotFound(f"Hub repository {repo_id!r} has no config.json: not a transformers model")
@@ -108,7 +116,7 @@ def fetch_hub(
             len(shards),
             blocks,
         )
-        _download(repo_id, commit, hub_cache, shards)
+        _download(repo_id, commit, hub_cache, shards, token)
     elif not (snapshot / "model.safetensors").is_file():
         raise BadRequest(
             f"Hub repository {repo_id!r} has no safetensors weights (model.safetensors or "
