@@ -15,7 +15,9 @@ __all__ = ["PROTOCOL_VERSION", "__version__"]
 _SDK_NAMES = {
     "AutoDistributedModelForCausalLM",
     "AutoDistributedModelForSequenceClassification",
+    "AutoDistributedSpeculativeModel",
     "DistributedLlamaForCausalLM",
+    "DistributedLlamaForSpeculativeGeneration",
     "RemoteSequential",
     "InferenceSession",
     "DistributedModelForCausalLM",

@@ -9,7 +9,9 @@ from __future__ import annotations
 from drift.client.auto import (
     AutoDistributedModelForCausalLM,
     AutoDistributedModelForSequenceClassification,
+    AutoDistributedSpeculativeModel,
     DistributedLlamaForCausalLM,
+    DistributedLlamaForSpeculativeGeneration,
 )
 from drift.client.config import ClientConfig
 from drift.client.loading import load_tokenizer
@@ -20,8 +22,10 @@ from drift.client.session import InferenceSession
 __all__ = [
     "AutoDistributedModelForCausalLM",
     "AutoDistributedModelForSequenceClassification",
+    "AutoDistributedSpeculativeModel",
     "ClientConfig",
     "DistributedLlamaForCausalLM",
+    "DistributedLlamaForSpeculativeGeneration",
     "DistributedModelForCausalLM",
     "InferenceSession",
     "RemoteSequential",
