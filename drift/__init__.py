@@ -13,6 +13,7 @@ from drift.wire.version import PROTOCOL_VERSION, __version__
 __all__ = ["PROTOCOL_VERSION", "__version__"]
 
 _SDK_NAMES = {
+    "AutoDistributedConfig",
     "AutoDistributedModelForCausalLM",
     "AutoDistributedModelForSequenceClassification",
     "AutoDistributedSpeculativeModel",

@@ -4,6 +4,7 @@
 through POST /backward by an autograd Function (to the inputs, deep prompts and Gemma 4's
 per-layer inputs; the keys/values Gemma 4 shares between hops stay inside the chain).
 Tensors on any device go to the wire from the CPU and come back to where they came from.
+As in Petals, `RemoteSequential(config)` (AutoDistributedConfig) builds its own client.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers import PretrainedConfig
 
+from drift.client.distributed_config import client_for
 from drift.client.extras import check_chain
 from drift.client.remote import RemoteClient
 from drift.client.session import InferenceSession
@@ -65,8 +68,18 @@ class _RemoteChain(torch.autograd.Function):
 class RemoteSequential(nn.Module):
     """Blocks [start_block, end_block) of a model served by the swarm."""
 
-    def __init__(self, client: RemoteClient, start_block: int, end_block: int) -> None:
+    def __init__(
+        self, client: RemoteClient | PretrainedConfig, start_block: int = 0,
+        end_block: int | None = None,
+    ) -> None:  # fmt: skip
+        """`client`: a model's, or a config from AutoDistributedConfig (then `end_block`
+        defaults to the model's number of blocks)."""
         super().__init__()
+        if isinstance(client, PretrainedConfig):
+            end_block = client.num_hidden_layers if end_block is None else end_block
+            client = client_for(client)
+        if end_block is None:
+            raise ValueError("give end_block: the blocks are [start_block, end_block)")
         if not 0 <= start_block < end_block:
             raise ValueError(f"empty or negative span [{start_block}, {end_block})")
         self.client = client
