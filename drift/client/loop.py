@@ -51,25 +51,24 @@ class LoopThread:
             return
         asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def close(self, last: Coroutine[Any, Any, Any] | None = None) -> None:
-        """Run `last`, cancel every task left and stop the loop; idempotent."""
+    def close(self, last: Coroutine[Any, Any, Any] | None = None, *, wait: bool = True) -> None:
+        """Run `last`, cancel every task left and stop the loop; idempotent. `wait=False`
+        (and a call from the loop's own thread) returns at once and lets the loop finish."""
         if self.closed:
             if last is not None:
                 last.close()
             return
         self.closed = True
         finish = self._finish(last)
-        if threading.current_thread() is self._thread:  # collected on the loop itself
-            task = self.loop.create_task(finish)
-            task.add_done_callback(lambda _: self.loop.stop())
-            return
-        if self.loop.is_running():
-            with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(finish, self.loop).result(CLOSE_TIMEOUT_S)
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(timeout=CLOSE_TIMEOUT_S)
-        else:
+        if not self.loop.is_running():
             finish.close()
+            return
+        future = asyncio.run_coroutine_threadsafe(finish, self.loop)
+        future.add_done_callback(lambda _: self.loop.call_soon_threadsafe(self.loop.stop))
+        if wait and threading.current_thread() is not self._thread:
+            with contextlib.suppress(Exception):
+                future.result(CLOSE_TIMEOUT_S)
+            self._thread.join(timeout=CLOSE_TIMEOUT_S)
 
     @staticmethod
     async def _finish(last: Coroutine[Any, Any, Any] | None) -> None:

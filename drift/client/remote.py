@@ -9,6 +9,7 @@ is the sync bridge. A client not closed is closed when collected or at interpret
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -89,8 +90,12 @@ class RemoteClient:
         return self.loop.closed
 
     def close(self) -> None:
-        """Close the connections (servers free the sessions) and stop the loop; idempotent."""
-        self._finalizer()
+        """Close the connections (servers free the sessions) and stop the loop; idempotent.
+        Returns when they are closed."""
+        detached = self._finalizer.detach()
+        if detached is not None:
+            _, shut_down, args, _ = detached
+            shut_down(*args, wait=True)
 
     async def route(
         self, start: int, end: int, *, inference: bool = False, tokens_needed: int = 0
@@ -229,10 +234,14 @@ class RemoteClient:
             return g, g_prompts, g_kv
 
 
-def _shut_down(loop: LoopThread, http: aiohttp.ClientSession, sockets: Any) -> None:
+def _shut_down(loop: LoopThread, http: aiohttp.ClientSession, sockets: Any, *,
+               wait: bool | None = None) -> None:  # fmt: skip
     """Close the inference sockets (servers free their sessions), the HTTP session, and stop
-    the loop."""
-    loop.close(_close_connections(http, list(sockets)))
+    the loop. `wait` None (a finalizer): wait on the main thread only (interpreter exit),
+    never on a thread the collector happened to run on (it may be serving those servers)."""
+    if wait is None:
+        wait = threading.current_thread() is threading.main_thread()
+    loop.close(_close_connections(http, list(sockets)), wait=wait)
 
 
 async def _close_connections(http: aiohttp.ClientSession, sockets: list[Any]) -> None:
