@@ -44,6 +44,10 @@ class BackgroundSwarms:
 
         return self.run(count())
 
+    def steps_served(self, swarm: Swarm) -> int:
+        """Inference steps the servers of `swarm` answered so far (the first server's)."""
+        return swarm.servers[0].server.metrics.requests[("/inference:step", "200")]
+
     def stop_all(self) -> None:
         try:
             while self.started:

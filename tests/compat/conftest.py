@@ -87,6 +87,13 @@ def local_model(model_dir: Path) -> Any:
     return load_reference(model_dir)
 
 
+@pytest.fixture
+def tokenizer() -> Any:
+    from tests.compat.tiny_tokenizer import tiny_tokenizer
+
+    return tiny_tokenizer()
+
+
 @pytest.fixture(autouse=True)
 def petals_globals(request: pytest.FixtureRequest, monkeypatch, family: str) -> None:
     """MODEL_NAME / REF_NAME (the tiny checkpoint) and INITIAL_PEERS (a fresh swarm's join
