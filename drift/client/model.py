@@ -13,6 +13,7 @@ connections; a model never closed is closed when collected or at interpreter exi
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -77,7 +78,8 @@ class DistributedPreTrainedModel(PreTrainedModel):
         overrides = drop_ignored(kwargs)
         ckpt = open_client_checkpoint(name_or_path, cache_dir=cache_dir, revision=revision,
                                       token=token)  # fmt: skip
-        text_config = ckpt.config.get_text_config()  # a multimodal checkpoint: its text tower
+        # a multimodal checkpoint: its text tower; a copy, the checkpoint's stays as read
+        text_config = copy.deepcopy(ckpt.config.get_text_config())
         if config is not None:
             text_config = check_config(config, text_config)
         apply_overrides(text_config, overrides)
