@@ -9,7 +9,7 @@ environment. A module's FAMILIES (default llama) parametrizes every test in it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ import pytest
 
 from tests.client.swarms import Swarm
 from tests.compat.background import BackgroundSwarms
-from tests.tiny_models import save_tiny
+from tests.tiny_models import TinyDirs
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -26,21 +26,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 @pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory) -> Callable[[str], Path]:
-    root = tmp_path_factory.mktemp("tiny_compat")
-    made: dict[str, Path] = {}
-
-    def get(family: str) -> Path:
-        if family not in made:
-            made[family] = save_tiny(family, root / family)
-        return made[family]
-
-    return get
+def tiny_dirs(tmp_path_factory) -> TinyDirs:
+    return TinyDirs(tmp_path_factory.mktemp("tiny_compat"))
 
 
 @pytest.fixture
-def model_dir(tiny_dir, family: str) -> Path:
-    return tiny_dir(family)
+def model_dir(tiny_dirs: TinyDirs, family: str) -> Path:
+    return tiny_dirs(family)
 
 
 @pytest.fixture
