@@ -16,6 +16,7 @@ import torch
 
 from drift.client.cache import RemoteCache
 from drift.client.session import InferenceSession
+from drift.wire.errors import CacheFull, LengthExceeded
 
 
 @dataclass(frozen=True)
@@ -59,13 +60,21 @@ class ForwardCache(RemoteCache):
         return pending
 
     def make_room(self, tokens: int) -> None:
-        """Before stepping `tokens` session positions: grow the session if they do not fit."""
+        """Before stepping `tokens` session positions: grow the session if they do not fit,
+        doubling (few replays), else to what is needed (a server's largest max_length)."""
         needed = self.session.position + tokens
-        if needed > self.session.max_length:
-            if self.session.position == 0:
-                self.session.extend(needed + self.headroom)
-            else:
-                self.session.extend(max(2 * self.session.max_length, needed + self.headroom))
+        if needed <= self.session.max_length:
+            return
+        wanted = max(2 * self.session.max_length, needed + self.headroom)
+        if self.session.position == 0:
+            wanted = needed + self.headroom
+        for target in sorted({wanted, needed + self.headroom, needed}, reverse=True):
+            try:
+                self.session.extend(target)
+                return
+            except (LengthExceeded, CacheFull):
+                if target == needed:
+                    raise
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         if self.pending is not None:

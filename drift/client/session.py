@@ -224,21 +224,33 @@ class InferenceSession:
 
     def extend(self, max_length: int) -> None:
         """Room for `max_length` tokens: every span is reopened that long and its inputs
-        replayed (as a failover does); before the first step, only the number changes."""
+        replayed (as a failover does); before the first step, only the number changes. If
+        the servers refuse the new sessions, the session stays as it was and the error
+        rises (a server's largest max_length: LengthExceeded)."""
         if max_length <= self.max_length:
             return
-        self.max_length = max_length
-        if self.spans:
-            self.client.run(self._reopen())
+        if not self.spans:
+            self.max_length = max_length
+            return
+        self.client.run(self._reopen(max_length))
 
-    async def _reopen(self) -> None:
+    async def _reopen(self, max_length: int) -> None:
+        shorter, self.max_length = self.max_length, max_length
+        fresh: list[list[SpanState]] = []
+        try:  # all opened before any is given up: a refusal changes nothing
+            for span in self.spans:
+                fresh.append(await self._connect(span.hop.start_block, span.hop.end_block))
+        except BaseException:
+            self.max_length = shorter
+            for group in fresh:
+                for new in group:
+                    await new.socket.close()
+            raise
         old, self.spans = self.spans, []
-        for span in old:
+        for span, group in zip(old, fresh, strict=True):
             await span.socket.close()
-        for span in old:
-            new_spans = await self._connect(span.hop.start_block, span.hop.end_block)
-            self.spans.extend(new_spans)  # closed with the session if the replay fails
-            await self._replay(new_spans, span.history, span.hop.end_block)
+            self.spans.extend(group)
+            await self._replay(group, span.history, span.hop.end_block)
 
     def close(self, *, wait: bool = True) -> None:
         """Close every span's socket (the servers free the caches); `wait=False` does not

@@ -76,6 +76,24 @@ def test_cache_grows_past_its_first_reservation(swarm, model_dir, local_model, t
     assert cache.session.max_length > ids.shape[1] + 2  # reopened longer, inputs replayed
 
 
+def test_cache_grows_up_to_the_servers_limit_then_says_so(
+    bg_swarms, model_dir, local_model, tokenizer, opened
+):
+    n = local_model.config.num_hidden_layers
+    swarm = bg_swarms.start(model_dir, [(0, 2), (2, n)], inference_max_length=24)
+    model = AutoDistributedModelForCausalLM.from_pretrained(
+        model_dir, initial_peers=swarm.token, client_config=ClientConfig(cache_headroom_tokens=4)
+    )
+    opened.append(model)
+    ids = tokenizer("A cat", return_tensors="pt").input_ids  # 5 tokens: room for 9, then 18
+    got, cache = _decode_loop(model, ids, 19, use_cache=True)  # 24: doubling would be 36
+    want, _ = _decode_loop(local_model, ids, 19, use_cache=True)
+    assert all(_close(g, w) for g, w in zip(got, want, strict=True))
+    assert cache.session.max_length == 24
+    with pytest.raises(ValueError, match="exceeds this server's limit of 24"), torch.no_grad():
+        model(ids[:, :1], past_key_values=cache)
+
+
 def test_a_local_cache_is_refused_not_ignored(dist_model, tokenizer):
     ids = tokenizer("A cat", return_tensors="pt").input_ids
     with pytest.raises(ValueError, match="DynamicCache cannot hold this model's keys"):
