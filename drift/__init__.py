@@ -13,9 +13,12 @@ from drift.wire.version import PROTOCOL_VERSION, __version__
 __all__ = ["PROTOCOL_VERSION", "__version__"]
 
 _SDK_NAMES = {
+    "AutoDistributedConfig",
     "AutoDistributedModelForCausalLM",
     "AutoDistributedModelForSequenceClassification",
+    "AutoDistributedSpeculativeModel",
     "DistributedLlamaForCausalLM",
+    "DistributedLlamaForSpeculativeGeneration",
     "RemoteSequential",
     "InferenceSession",
     "DistributedModelForCausalLM",

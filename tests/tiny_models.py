@@ -200,3 +200,16 @@ def save_tiny(family: str, directory: Path, seed: int = 0) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory, safe_serialization=True)
     return directory
+
+
+class TinyDirs:
+    """`dirs(family)`: the tiny checkpoint of `family` saved under `root`, made once each."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.made: dict[str, Path] = {}
+
+    def __call__(self, family: str) -> Path:
+        if family not in self.made:
+            self.made[family] = save_tiny(family, self.root / family)
+        return self.made[family]

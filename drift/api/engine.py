@@ -153,9 +153,9 @@ class CausalLMEngine:
         state, L2-normalised. Inputs run one at a time, so an embedding never depends on
         what else was in the request (batching or padding would change the last bits)."""
         ids = torch.tensor([list(input_ids)], dtype=torch.long)  # [1, T]
-        with torch.inference_mode():
-            out = self.model(ids, output_hidden_states=True, logits_to_keep=1, use_cache=False)
-        pooled = out.hidden_states[-1][0].float().mean(dim=0)  # [H]
+        with torch.inference_mode():  # the base model: no head, no per-layer states
+            out = self.model.base_model(ids, use_cache=False)
+        pooled = out.last_hidden_state[0].float().mean(dim=0)  # [H]
         return torch.nn.functional.normalize(pooled, dim=-1).tolist()
 
     # -- generation ---------------------------------------------------------------------

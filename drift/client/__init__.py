@@ -9,19 +9,25 @@ from __future__ import annotations
 from drift.client.auto import (
     AutoDistributedModelForCausalLM,
     AutoDistributedModelForSequenceClassification,
+    AutoDistributedSpeculativeModel,
     DistributedLlamaForCausalLM,
+    DistributedLlamaForSpeculativeGeneration,
 )
 from drift.client.config import ClientConfig
+from drift.client.distributed_config import AutoDistributedConfig
 from drift.client.loading import load_tokenizer
 from drift.client.model import DistributedModelForCausalLM
 from drift.client.sequential import RemoteSequential
 from drift.client.session import InferenceSession
 
 __all__ = [
+    "AutoDistributedConfig",
     "AutoDistributedModelForCausalLM",
     "AutoDistributedModelForSequenceClassification",
+    "AutoDistributedSpeculativeModel",
     "ClientConfig",
     "DistributedLlamaForCausalLM",
+    "DistributedLlamaForSpeculativeGeneration",
     "DistributedModelForCausalLM",
     "InferenceSession",
     "RemoteSequential",

@@ -12,6 +12,7 @@ from typing import Any
 from drift.client.classify import DistributedModelForSequenceClassification
 from drift.client.loading import open_client_checkpoint, resolve_dtype
 from drift.client.model import DistributedModelForCausalLM
+from drift.client.speculative import DistributedModelForSpeculativeGeneration
 
 
 class DistributedLlamaForCausalLM(DistributedModelForCausalLM):
@@ -53,13 +54,40 @@ FAMILY_CLASSES: dict[str, type[DistributedModelForCausalLM]] = {
 }
 
 
+class DistributedLlamaForSpeculativeGeneration(DistributedModelForSpeculativeGeneration):
+    pass
+
+
+def _open(name_or_path: Any, kwargs: dict[str, Any]) -> Any:
+    """The checkpoint, opened once (its Hub arguments taken out of kwargs; a GGUF converts to
+    the client's dtype)."""
+    dtype = resolve_dtype(kwargs.get("dtype"), kwargs.get("torch_dtype"))
+    return open_client_checkpoint(name_or_path, cache_dir=kwargs.pop("cache_dir", None),
+                                  revision=kwargs.pop("revision", None), dtype=dtype,
+                                  token=kwargs.pop("token", None))  # fmt: skip
+
+
 class AutoDistributedModelForCausalLM:
     @classmethod
     def from_pretrained(cls, name_or_path: Any, **kwargs: Any) -> DistributedModelForCausalLM:
-        dtype = resolve_dtype(kwargs.get("dtype"), kwargs.get("torch_dtype"))  # a GGUF converts
-        ckpt = open_client_checkpoint(name_or_path, cache_dir=kwargs.pop("cache_dir", None),
-                                      revision=kwargs.pop("revision", None), dtype=dtype)  # fmt: skip
+        ckpt = _open(name_or_path, kwargs)
         family = FAMILY_CLASSES.get(str(ckpt.config.model_type), DistributedModelForCausalLM)
+        return family.from_pretrained(ckpt, **kwargs)
+
+
+class AutoDistributedSpeculativeModel:
+    """Petals' speculative model: `from_pretrained(name, small_model=local_model, ...)`."""
+
+    @classmethod
+    def from_pretrained(
+        cls, name_or_path: Any, **kwargs: Any
+    ) -> DistributedModelForSpeculativeGeneration:
+        ckpt = _open(name_or_path, kwargs)
+        family: type[DistributedModelForSpeculativeGeneration] = (
+            DistributedLlamaForSpeculativeGeneration
+            if ckpt.config.model_type == "llama"
+            else DistributedModelForSpeculativeGeneration
+        )
         return family.from_pretrained(ckpt, **kwargs)
 
 

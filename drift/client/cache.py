@@ -44,10 +44,12 @@ class RemoteCache(Cache):
         return hypo
 
     def crop(self, tokens_to_remove: int) -> None:
-        """Roll back: the next step starts `tokens_to_remove` tokens earlier (< 0: keep that many)."""
+        """Roll back as transformers' Cache.crop does: `crop(-n)` drops the last n tokens (the
+        next step starts n earlier); a positive n, the older convention, keeps n tokens."""
         seen = self.get_seq_length()
-        keep = seen - tokens_to_remove if tokens_to_remove >= 0 else -tokens_to_remove
-        self.session.position = self.prefix_length + max(keep, 0)
+        keep = seen + tokens_to_remove if tokens_to_remove <= 0 else tokens_to_remove
+        keep = min(max(keep, 0), seen)
+        self.session.position = self.prefix_length + keep
         if self.token_ids is not None:
             self.token_ids = self.token_ids[:, :keep]
         if self.attention_mask is not None:
@@ -64,7 +66,7 @@ class RemoteCache(Cache):
         )
 
     def reset(self) -> None:
-        self.crop(self.get_seq_length())
+        self.crop(-self.get_seq_length())
 
     @property
     def is_compileable(self) -> bool:

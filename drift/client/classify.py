@@ -29,15 +29,9 @@ class DistributedModelForSequenceClassification(DistributedPreTrainedModel):
         labels: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> SequenceClassifierOutputWithPast:  # fmt: skip
-        if inputs_embeds is None:
-            if input_ids is None:
-                raise ValueError("give input_ids or inputs_embeds")
-            inputs_embeds = self.head.embed(input_ids)  # [B, T, H]
-        embeds, mask, prompts, p = self._prompt_inputs(inputs_embeds, attention_mask)
-        pli = self._per_layer(input_ids, embeds, p)
-        hidden = self.model.layers(embeds, attention_mask=mask, prompts=prompts,
-                                   per_layer_inputs=pli)[:, p:]  # fmt: skip
-        hidden = self.head.norm(hidden.to(self.head.dtype))
+        hidden = self.model(
+            input_ids, attention_mask, inputs_embeds=inputs_embeds, use_cache=False
+        ).last_hidden_state  # [B, T, H] normed
         if attention_mask is None:
             last = torch.full((hidden.shape[0],), hidden.shape[1] - 1)
         else:

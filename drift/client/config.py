@@ -22,3 +22,5 @@ class ClientConfig:
     cache_penalty_s: float = 10.0  # added latency for a server short of KV-cache room
     compress_min_bytes: int = 1 << 20  # zstd-compress frames bigger than this (0 = never)
     swarm_key: str | None = None  # private swarm secret (HMAC X-Drift-Auth); None = open
+    cache_headroom_tokens: int = 256  # tokens a forward's remote cache reserves past its
+    # input (model(ids, use_cache=True)); it grows, doubling, when a later call needs more

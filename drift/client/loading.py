@@ -1,9 +1,10 @@
 """What every distributed model class loads: checkpoint, client head, swarm client.
 
 Resolves a Hub name, model directory or GGUF path through drift.models.open_checkpoint
-(reading only the client's tensors), accepts dtype= and the older torch_dtype=, and
-parses initial peers (join tokens or multiaddrs, with an optional swarm key).
-`load_tokenizer` gives the tokenizer for the same names.
+(reading only the client's tensors), accepts dtype= and the older torch_dtype= ("auto": the
+checkpoint's), device= for the client's own parts, and parses initial peers (join tokens or
+multiaddrs, with an optional swarm key). `load_tokenizer` gives the tokenizer for the same
+names.
 """
 
 from __future__ import annotations
@@ -24,11 +25,17 @@ if TYPE_CHECKING:
     from drift.models.head import ClientHead
 
 
-def resolve_dtype(dtype: Any, torch_dtype: Any) -> torch.dtype:
+def resolve_dtype(dtype: Any, torch_dtype: Any, config: Any = None) -> torch.dtype:
+    """The activation dtype: float32 by default; "auto" is the config's when it is one."""
     if dtype is not None and torch_dtype is not None and dtype != torch_dtype:
         raise ValueError(f"dtype={dtype!r} and torch_dtype={torch_dtype!r} disagree; give one")
     value = dtype if dtype is not None else torch_dtype
-    if value is None or value == "auto":
+    if value == "auto":
+        stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        value = (
+            stored if stored in ACTIVATION_DTYPES or stored in ACTIVATION_DTYPES.values() else None
+        )
+    if value is None:
         return torch.float32
     if isinstance(value, str):
         value = ACTIVATION_DTYPES.get(value.removeprefix("torch."))
@@ -58,32 +65,38 @@ def parse_peers(initial_peers: Any, swarm_key: str | None) -> tuple[JoinToken, .
 
 def open_client_checkpoint(name_or_path: Any, *, cache_dir: Any = None,
                            revision: str | None = None,
-                           dtype: torch.dtype | None = None) -> Checkpoint:  # fmt: skip
+                           dtype: torch.dtype | None = None,
+                           token: str | bool | None = None) -> Checkpoint:  # fmt: skip
     """The checkpoint as a client needs it (no block weights fetched; a GGUF converts to
     `dtype`, the client's); one already opened is passed through, so a from_pretrained chain
-    opens it once."""
+    opens it once. `token`: the Hub's."""
     from drift.models.checkpoint import Checkpoint, open_checkpoint
 
     if isinstance(name_or_path, Checkpoint):
         return name_or_path
     cache = Path(cache_dir) if cache_dir is not None else None
     return open_checkpoint(str(name_or_path), cache_dir=cache, revision=revision,
-                           blocks=range(0), dtype=dtype)  # fmt: skip
+                           blocks=range(0), dtype=dtype, token=token)  # fmt: skip
 
 
 def load_parts(
     name_or_path: Any, *, initial_peers: Any, swarm_key: str | None = None,
     dtype: Any = None, torch_dtype: Any = None, client_config: ClientConfig | None = None,
-    cache_dir: Path | None = None, revision: str | None = None,
+    cache_dir: Path | None = None, revision: str | None = None, device: Any = None,
+    token: str | bool | None = None,
 ) -> tuple[Checkpoint, ClientHead, RemoteClient, torch.dtype]:  # fmt: skip
-    """(checkpoint, ClientHead, RemoteClient, dtype) for a model name, path or Checkpoint."""
+    """(checkpoint, ClientHead, RemoteClient, dtype) for a model name, path or Checkpoint;
+    the head on `device` (drift.models.devices.pick_device's names; default cpu)."""
+    from drift.models.devices import pick_device
     from drift.models.head import ClientHead
 
-    torch_dt = resolve_dtype(dtype, torch_dtype)
     tokens = parse_peers(initial_peers, swarm_key)
+    where = pick_device("cpu" if device is None else str(device))
+    gguf_dtype = resolve_dtype(dtype, torch_dtype, None)  # a GGUF converts once, to it
     ckpt = open_client_checkpoint(name_or_path, cache_dir=cache_dir, revision=revision,
-                                  dtype=torch_dt)  # fmt: skip
-    head = ClientHead.load(ckpt, dtype=torch_dt)
+                                  dtype=gguf_dtype, token=token)  # fmt: skip
+    torch_dt = resolve_dtype(dtype, torch_dtype, ckpt.config)
+    head = ClientHead.load(ckpt, dtype=torch_dt, device=where)
     config = client_config or ClientConfig()
     token_keys = [t.swarm_key for t in tokens if t.swarm_key]
     key = config.swarm_key or swarm_key or (token_keys[0] if token_keys else None)

@@ -1,27 +1,34 @@
 """DistributedModelForCausalLM: a transformers model whose blocks run on the swarm.
 
 The client holds embeddings, final norm and head (ClientHead) and optional prompt tuning;
-`model.model.layers` is a RemoteSequential. transformers' own generate() drives it: a
-RemoteCache stands for the remote session (length, beam reordering via hypo_ids). State is
+`model.model` (also `model.transformer`, Petals' name) is a DistributedBaseModel whose
+`layers` are a RemoteSequential. transformers' own generate() drives it: a RemoteCache
+stands for the remote session (length, beam reordering via hypo_ids, rollback). State is
 per call: generate() from several threads at once each opens (and closes) its own sessions;
 `with model.inference_session(...)` applies to its own thread, and `generate(ids,
-session=s)` continues an explicit session from any thread.
+session=s)` continues an explicit session from any thread. `close()` (or `with`) frees the
+connections; a model never closed is closed when collected or at interpreter exit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from transformers import GenerationConfig, GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.utils.deprecation import deprecate_kwarg
 
+from drift.client.backbone import DistributedBaseModel, ThreadCalls
 from drift.client.cache import RemoteCache
-from drift.client.loading import load_parts
+from drift.client.loading import load_parts, open_client_checkpoint
+from drift.client.pretrained_args import apply_overrides, check_config, drop_ignored
 from drift.client.ptune import PromptTuning
 from drift.client.remote import RemoteClient
 from drift.client.sequential import RemoteSequential
@@ -29,15 +36,6 @@ from drift.client.session import InferenceSession
 
 if TYPE_CHECKING:
     from drift.models.head import ClientHead
-
-
-class DistributedBackbone(nn.Module):
-    """`model.model`: the remote decoder stack (`layers`) and the client's embeddings."""
-
-    def __init__(self, head: ClientHead, layers: RemoteSequential) -> None:
-        super().__init__()
-        self.embed_tokens = head.embed_tokens
-        self.layers = layers
 
 
 class DistributedPreTrainedModel(PreTrainedModel):
@@ -53,67 +51,88 @@ class DistributedPreTrainedModel(PreTrainedModel):
         self.head = head
         self.client = client
         self.num_blocks = _num_blocks(self.config)
-        self.model = DistributedBackbone(head, RemoteSequential(client, 0, self.num_blocks))
-        self.ptune = (
+        ptune = (
             PromptTuning(tuning_mode, pre_seq_len, self.config.hidden_size, self.num_blocks)
             if tuning_mode
             else None
         )
-        if self.ptune is not None:
+        if ptune is not None:
             self.head.requires_grad_(False)
-        self._calls = _ThreadCalls()  # per thread: active session cache, sessions to close
+        layers = RemoteSequential(client, 0, self.num_blocks)
+        self.model = DistributedBaseModel(self.config, head, layers, ptune)
         self._caches: dict[int, RemoteCache] = {}  # id(session) -> its cache, open sessions only
         self._caches_lock = threading.Lock()
 
     @classmethod
     def from_pretrained(  # type: ignore[override]
         cls, name_or_path: Any, *, initial_peers: Any, swarm_key: str | None = None,
-        dtype: Any = None, torch_dtype: Any = None, client_config: Any = None,
-        tuning_mode: str | None = None, pre_seq_len: int = 0, cache_dir: Any = None,
-        revision: str | None = None, **config_overrides: Any,
+        dtype: Any = None, torch_dtype: Any = None, device: Any = None,
+        client_config: Any = None, tuning_mode: str | None = None, pre_seq_len: int = 0,
+        cache_dir: Any = None, revision: str | None = None, token: str | bool | None = None,
+        config: Any = None, **kwargs: Any,
     ):  # fmt: skip
+        """transformers' from_pretrained for a swarm: `initial_peers` (join tokens or
+        multiaddrs) and `swarm_key` find it; `device` places the client's own parts; other
+        keyword arguments are config fields, or ignored with a warning saying why
+        (drift.client.pretrained_args)."""
+        overrides = drop_ignored(kwargs)
+        ckpt = open_client_checkpoint(name_or_path, cache_dir=cache_dir, revision=revision,
+                                      token=token)  # fmt: skip
+        # a multimodal checkpoint: its text tower; a copy, the checkpoint's stays as read
+        text_config = copy.deepcopy(ckpt.config.get_text_config())
+        if config is not None:
+            text_config = check_config(config, text_config)
+        apply_overrides(text_config, overrides)
         ckpt, head, client, torch_dt = load_parts(
-            name_or_path, initial_peers=initial_peers, swarm_key=swarm_key, dtype=dtype,
-            torch_dtype=torch_dtype, client_config=client_config, cache_dir=cache_dir,
-            revision=revision,
+            ckpt, initial_peers=initial_peers, swarm_key=swarm_key, dtype=dtype,
+            torch_dtype=torch_dtype, client_config=client_config, device=device,
         )  # fmt: skip
-        config = ckpt.config.get_text_config()  # a multimodal checkpoint: its text tower
-        for key, value in config_overrides.items():
-            setattr(config, key, value)
-        model = cls(config)
+        model = cls(text_config)
         model._setup(ckpt, head, client, tuning_mode=tuning_mode, pre_seq_len=pre_seq_len)
         model._load_extra(ckpt, torch_dt)
         if (ckpt.path / "generation_config.json").exists():
             model.generation_config = GenerationConfig.from_pretrained(ckpt.path)
         # transformers wraps PreTrainedModel.to in functools.wraps(nn.Module.to), whose stub
         # loses the binding and asks for `self` as the first argument
-        return model.to(torch_dt).eval()  # type: ignore[arg-type]
+        return model.to(head.embed_tokens.weight.device, torch_dt).eval()  # type: ignore[arg-type]
 
     def _load_extra(self, ckpt: Any, dtype: torch.dtype) -> None:
         """Hook for heads beyond ClientHead (e.g. a classifier)."""
 
     def close(self) -> None:
+        """Close the connections to the swarm (the servers free this model's sessions)."""
         self.client.close()
 
-    def _prompt_inputs(
-        self, embeds: torch.Tensor, mask: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, int]:
-        """Prepend prompt-tuning embeddings: (embeds, mask, deep prompts, prefix length)."""
-        if self.ptune is None:
-            return embeds, mask, None, 0
-        b, p = embeds.shape[0], self.ptune.pre_seq_len
-        embeds = torch.cat([self.ptune.prefix(b, embeds.dtype), embeds], dim=1)  # [B, P+T, H]
-        if mask is not None:
-            mask = torch.cat([mask.new_ones(b, p), mask], dim=1)
-        return embeds, mask, self.ptune.prompts(b, embeds.dtype), p
+    def __enter__(self) -> DistributedPreTrainedModel:
+        return self
 
-    def _per_layer(
-        self, input_ids: torch.Tensor | None, embeds: torch.Tensor, prefix: int
-    ) -> torch.Tensor | None:
-        """Gemma 4's per-layer inputs [B, prefix + T, L, P] for embeds [B, prefix + T, H]
-        (with grad through the embeddings); None for other families."""
-        pli = self.head.per_layer_inputs(input_ids, embeds, prefix=prefix)
-        return None if pli is None else pli.to(embeds.dtype)
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- Petals' and transformers' names -----------------------------------------------------
+    @property
+    def transformer(self) -> DistributedBaseModel:
+        """Petals' name for `model.model` (bloom's and falcon's in transformers)."""
+        return self.model
+
+    @property
+    def lm_head(self) -> nn.Module:
+        return self.head.lm_head
+
+    @property
+    def ptune(self) -> PromptTuning | None:
+        return self.model.ptune
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.head.embed_tokens
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.head.lm_head
+
+    # --- sessions ------------------------------------------------------------------------------
+    @property
+    def _calls(self) -> ThreadCalls:
+        return self.model.calls
 
     @property
     def _active(self) -> RemoteCache | None:
@@ -163,14 +182,6 @@ class DistributedPreTrainedModel(PreTrainedModel):
             return cache
 
 
-class _ThreadCalls(threading.local):
-    """Per-thread generation state of one model."""
-
-    def __init__(self) -> None:
-        self.active: RemoteCache | None = None
-        self.owned: list[RemoteCache] = []
-
-
 def _num_blocks(config: PretrainedConfig) -> int:
     for name in ("num_hidden_layers", "n_layer", "num_layers"):
         value = getattr(config, name, None)
@@ -184,75 +195,33 @@ class DistributedModelForCausalLM(DistributedPreTrainedModel, GenerationMixin):
     final norm and logits, so logits and generate() match local transformers.
 
     Hidden states: with `output_hidden_states=True` (argument or config) `hidden_states` is
-    the 2-tuple `(embeddings, final normed state)` -- the first and last entries of the
-    tuple transformers returns. Per-layer states stay on the servers; for the output of
-    blocks [0, k) run `model.model.layers[:k](embeddings)`. Without the flag it is None.
+    what transformers gives: block 0's input, each block's output but the last, and the
+    final normed state (the servers send the blocks' outputs only then; no gradient flows
+    through them). The output's `past_key_values` (`cache`) is a RemoteCache to continue from.
     """
 
-    def get_input_embeddings(self) -> nn.Module:
-        return self.head.embed_tokens
-
-    def get_output_embeddings(self) -> nn.Module:
-        return self.head.lm_head
-
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
         self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
-        cache: RemoteCache | None = None, inputs_embeds: torch.Tensor | None = None,
+        cache: Cache | None = None, inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None, position_ids: Any = None, use_cache: bool | None = None,
         return_dict: bool | None = None, output_hidden_states: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0, **kwargs: Any,
-    ) -> CausalLMOutputWithPast:  # fmt: skip
-        if inputs_embeds is None:
-            if input_ids is None:
-                raise ValueError("give input_ids or inputs_embeds")
-            inputs_embeds = self.head.embed(input_ids)  # [B, T, H]
-        cache = cache if cache is not None else self._active
-        hidden = self._run_blocks(input_ids, inputs_embeds, attention_mask, cache)
+    ) -> Any:  # fmt: skip
+        base = self.model(input_ids, attention_mask, cache=cache, inputs_embeds=inputs_embeds,
+                          use_cache=use_cache, output_hidden_states=output_hidden_states,
+                          output_attentions=kwargs.get("output_attentions"))  # fmt: skip
+        normed = base.last_hidden_state  # [B, T, H]
         # generate() asks for the last position only: no [T, vocab] head over a whole prompt
-        logits = self.head.logits(hidden if labels is not None else _kept(hidden, logits_to_keep))
+        logits = self.head.project(normed if labels is not None else _kept(normed, logits_to_keep))
         loss = None
         if labels is not None:
             loss = nn.functional.cross_entropy(
                 logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100
             )
-        states = None
-        if output_hidden_states or (
-            output_hidden_states is None and self.config.output_hidden_states
-        ):
-            states = (inputs_embeds, self.head.norm(hidden.to(self.head.dtype)))
-        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache,
-                                      hidden_states=states)  # fmt: skip
-
-    def _run_blocks(
-        self, input_ids: torch.Tensor | None, embeds: torch.Tensor,
-        mask: torch.Tensor | None, cache: RemoteCache | None,
-    ) -> torch.Tensor:  # fmt: skip
-        t = embeds.shape[1]
-        if cache is None:
-            embeds, mask, prompts, p = self._prompt_inputs(embeds, mask)
-            pli = self._per_layer(input_ids, embeds, p)
-            hidden = self.model.layers(embeds, attention_mask=mask, prompts=prompts,
-                                       per_layer_inputs=pli)  # fmt: skip
-            return hidden[:, p:]
-        new_mask = (
-            mask[:, -t:] if mask is not None else torch.ones(embeds.shape[:2], dtype=torch.long)
-        )
-        p = 0
-        prompts = None
-        if cache.session.position == 0:
-            cache.session.batch_size = embeds.shape[0]
-            embeds, prefixed, prompts, p = self._prompt_inputs(embeds, new_mask)
-            new_mask = cast(torch.Tensor, prefixed)  # a mask in gives a mask out
-            cache.prefix_length = p
-        send_mask = None if bool(new_mask.all()) else new_mask
-        with torch.no_grad():
-            pli = self._per_layer(input_ids, embeds, p)
-            hidden = cache.session.step(
-                embeds.detach(), hypo_ids=cache.take_hypo_ids(), attention_mask=send_mask,
-                prompts=None if prompts is None else prompts.detach(), per_layer_inputs=pli,
-            )  # fmt: skip
-        cache.record(input_ids, new_mask[:, p:])
-        return hidden[:, p:].to(embeds.dtype)
+        out = CausalLMOutputWithPast(loss=loss, logits=logits, cache=base.cache,
+                                     hidden_states=base.hidden_states)  # fmt: skip
+        return out.to_tuple() if return_dict is False else out
 
     # --- generate() integration -------------------------------------------------------------
 
@@ -282,14 +251,19 @@ class DistributedModelForCausalLM(DistributedPreTrainedModel, GenerationMixin):
 
         With `session=` (from `open_session()` / `inference_session()`), or inside this
         thread's `with model.inference_session(...)`, it continues where the last call in
-        that session stopped; otherwise it opens its own sessions and closes them on return.
+        that session stopped, and returns what you passed followed by the new tokens (as
+        Petals does: `generate(None, ...)` gives the new tokens only); otherwise it opens its
+        own sessions and closes them on return.
         """
+        if inputs is None:
+            inputs = kwargs.pop("input_ids", None)
         if session is not None:
             if kwargs.get("cache") is not None:
                 raise ValueError("give generate() either session= or cache=, not both")
             active: RemoteCache | None = self.cache_for(session)
         else:
             active = self._calls.active if kwargs.get("cache") is None else None
+        passed = 0 if inputs is None else inputs.shape[1]
         if active is not None:
             if active.session.position > 0:
                 inputs, kwargs = _resume_inputs(active, inputs, kwargs)
@@ -301,8 +275,16 @@ class DistributedModelForCausalLM(DistributedPreTrainedModel, GenerationMixin):
             owned, self._calls.owned = self._calls.owned, outer
             for cache in owned:
                 cache.session.close()
-        if active is not None:
-            active.last_sequences = out if isinstance(out, torch.Tensor) else out.sequences
+        if active is None:
+            return out
+        sequences = out if isinstance(out, torch.Tensor) else out.sequences
+        active.last_sequences = sequences
+        seen = 0 if inputs is None else inputs.shape[1]  # the session's tokens and yours
+        if seen == passed:
+            return out
+        if isinstance(out, torch.Tensor):
+            return sequences[:, seen - passed :]
+        out.sequences = sequences[:, seen - passed :]
         return out
 
 
@@ -320,12 +302,13 @@ def _resume_inputs(active: RemoteCache, inputs: torch.Tensor | None, kwargs: dic
         if history is None:
             raise ValueError("this session began from inputs_embeds: give generate() input ids")
         inputs = history
-    elif history is not None and not (
-        inputs.shape[1] >= history.shape[1] and torch.equal(inputs[:, : history.shape[1]], history)
-    ):
-        inputs = torch.cat([history, inputs.to(history.device)], dim=1)  # new tokens appended
+    elif history is not None:
+        history = history.to(inputs.device)
+        if not (inputs.shape[1] >= history.shape[1]
+                and torch.equal(inputs[:, : history.shape[1]], history)):  # fmt: skip
+            inputs = torch.cat([history, inputs], dim=1)  # new tokens appended
     if active.attention_mask is not None and kwargs.get("attention_mask") is None:
-        seen = active.attention_mask
+        seen = active.attention_mask.to(inputs.device)
         extra = inputs.shape[1] - seen.shape[1]
         kwargs["attention_mask"] = torch.cat([seen, seen.new_ones(seen.shape[0], extra)], dim=1)
     return inputs, kwargs

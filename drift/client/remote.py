@@ -4,11 +4,13 @@
 around failing peers (banned with backoff, bounded retries), and opens inference sessions.
 Gemma 4's per-layer inputs and shared keys/values travel beside the hidden states
 (drift.client.extras). Every public method is a coroutine run on the client's loop; `run`
-is the sync bridge.
+is the sync bridge. A client not closed is closed when collected or at interpreter exit.
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -26,7 +28,7 @@ from drift.client.swarm_view import SwarmView
 from drift.identity.tokens import JoinToken
 from drift.models.sharing import KVSharing
 from drift.wire.errors import DriftError, MissingBlocks
-from drift.wire.extras import PER_LAYER_INPUTS, kv_names
+from drift.wire.extras import BLOCK_STATES, PER_LAYER_INPUTS, kv_names
 
 T = TypeVar("T")
 
@@ -40,6 +42,7 @@ class HopTrace:
     extras: Tensors  # named tensors sent beside it (per-layer inputs, K/V it read)
     donate: tuple[int, ...]  # blocks whose keys/values it gave back
     stop: int  # the hop gave the K/V that blocks in [its end, stop) read
+    states: torch.Tensor | None = None  # [B, T, n, H] each block's output, when asked
 
 
 def slice_prompts(prompts: torch.Tensor | None, start: int, hop: Hop) -> torch.Tensor | None:
@@ -61,6 +64,10 @@ class RemoteClient:
         self.bans = BanList(config.ban_base_s, config.ban_max_s)
         self.http: aiohttp.ClientSession = self.loop.run(self._make_http())
         self.swarm = SwarmView(initial_peers, config, self.http, self.bans)
+        self.sockets: weakref.WeakSet[transport.SpanSocket] = weakref.WeakSet()  # open ones
+        # closes the sockets, the HTTP session and the loop: on close(), when collected, or
+        # at interpreter exit
+        self._finalizer = weakref.finalize(self, _shut_down, self.loop, self.http, self.sockets)
 
     async def _make_http(self) -> aiohttp.ClientSession:
         return aiohttp.ClientSession(auto_decompress=True)
@@ -68,10 +75,27 @@ class RemoteClient:
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self.loop.run(coro)
 
+    def submit(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Start `coro` without waiting for it (finalizers, from any thread)."""
+        self.loop.submit(coro)
+
+    async def open_socket(self, hop: Hop, request: Any) -> transport.SpanSocket:
+        """An inference socket to `hop` (closed with the client if still open then)."""
+        sock = await transport.SpanSocket.open(self.http, hop, request, self.config)
+        self.sockets.add(sock)
+        return sock
+
+    @property
+    def closed(self) -> bool:
+        return self.loop.closed
+
     def close(self) -> None:
-        if not self.http.closed:
-            self.loop.run(self.http.close())
-        self.loop.close()
+        """Close the connections (servers free the sessions) and stop the loop; idempotent.
+        Returns when they are closed."""
+        detached = self._finalizer.detach()
+        if detached is not None:
+            _, shut_down, args, _ = detached
+            shut_down(*args, wait=True)
 
     async def route(
         self, start: int, end: int, *, inference: bool = False, tokens_needed: int = 0
@@ -114,11 +138,12 @@ class RemoteClient:
         self, hidden: torch.Tensor, start: int, end: int, *,
         attention_mask: torch.Tensor | None = None, prompts: torch.Tensor | None = None,
         per_layer: torch.Tensor | None = None, shared: Tensors | None = None,
-        stop: int | None = None,
+        stop: int | None = None, states: bool = False,
     ) -> tuple[torch.Tensor, list[HopTrace]]:  # fmt: skip
         """Hidden states through [start, end); also what each hop was given. `per_layer`
         [B, T, end - start, P] and `shared` (K/V of donors before `start`) are Gemma 4's; hops
-        give back the K/V that blocks in [their end, `stop` (default end)) read."""
+        give back the K/V that blocks in [their end, `stop` (default end)) read. With
+        `states`, each hop's trace holds its blocks' outputs."""
         shared = dict(shared or {})
         stop = end if stop is None else stop
         trace: list[HopTrace] = []
@@ -133,14 +158,17 @@ class RemoteClient:
                     reply = await transport.forward(
                         self.http, hop, self.model_fingerprint, hidden, self.config,
                         attention_mask=attention_mask, prompts=slice_prompts(prompts, start, hop),
-                        extras=extras, donate=donate,
+                        extras=extras, donate=donate, states=states,
                     )  # fmt: skip
                 except DriftError as exc:
                     attempts = self.count_failure(exc, hop, attempts)
                     break
                 self.bans.success(hop.peer_id)
-                trace.append(HopTrace(hop, hidden, extras, donate, stop))
-                shared.update(reply.extras)
+                given = dict(reply.extras)
+                trace.append(
+                    HopTrace(hop, hidden, extras, donate, stop, given.pop(BLOCK_STATES, None))
+                )
+                shared.update(given)
                 hidden, block = reply.hidden_states, hop.end_block
         return hidden, trace
 
@@ -204,3 +232,20 @@ class RemoteClient:
             if g_per_layer is not None:
                 g_kv[PER_LAYER_INPUTS] = g_per_layer
             return g, g_prompts, g_kv
+
+
+def _shut_down(loop: LoopThread, http: aiohttp.ClientSession, sockets: Any, *,
+               wait: bool | None = None) -> None:  # fmt: skip
+    """Close the inference sockets (servers free their sessions), the HTTP session, and stop
+    the loop. `wait` None (a finalizer): wait on the main thread only (interpreter exit),
+    never on a thread the collector happened to run on (it may be serving those servers)."""
+    if wait is None:
+        wait = threading.current_thread() is threading.main_thread()
+    loop.close(_close_connections(http, list(sockets)), wait=wait)
+
+
+async def _close_connections(http: aiohttp.ClientSession, sockets: list[Any]) -> None:
+    for sock in sockets:
+        await sock.close()
+    if not http.closed:
+        await http.close()

@@ -3,6 +3,8 @@
 `layers[3:7](hidden)` runs blocks 3..6 on whichever servers hold them; gradients flow back
 through POST /backward by an autograd Function (to the inputs, deep prompts and Gemma 4's
 per-layer inputs; the keys/values Gemma 4 shares between hops stay inside the chain).
+Tensors on any device go to the wire from the CPU and come back to where they came from.
+As in Petals, `RemoteSequential(config)` (AutoDistributedConfig) builds its own client.
 """
 
 from __future__ import annotations
@@ -11,10 +13,20 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers import PretrainedConfig
 
+from drift.client.distributed_config import client_for
 from drift.client.extras import check_chain
 from drift.client.remote import RemoteClient
 from drift.client.session import InferenceSession
+
+
+def _cpu(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return None if tensor is None else tensor.detach().to("cpu")
+
+
+def _back(tensor: torch.Tensor | None, like: torch.Tensor | None) -> torch.Tensor | None:
+    return None if tensor is None or like is None else tensor.to(like.device, like.dtype)
 
 
 class _RemoteChain(torch.autograd.Function):
@@ -22,35 +34,52 @@ class _RemoteChain(torch.autograd.Function):
     def forward(  # type: ignore[override]
         ctx: Any, hidden: torch.Tensor, prompts: torch.Tensor | None,
         per_layer: torch.Tensor | None, seq: RemoteSequential,
-        attention_mask: torch.Tensor | None,
-    ) -> torch.Tensor:  # fmt: skip
+        attention_mask: torch.Tensor | None, states: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         client = seq.client
-        prompts = None if prompts is None else prompts.detach()
-        per_layer = None if per_layer is None else per_layer.detach()
+        wire = (_cpu(prompts), _cpu(per_layer), _cpu(attention_mask))
         out, trace = client.run(
-            client.forward(hidden.detach(), seq.start_block, seq.end_block,
-                           attention_mask=attention_mask, prompts=prompts, per_layer=per_layer)
+            client.forward(hidden.detach().to("cpu"), seq.start_block, seq.end_block,
+                           attention_mask=wire[2], prompts=wire[0], per_layer=wire[1],
+                           states=states)
         )  # fmt: skip
-        ctx.seq, ctx.trace, ctx.mask = seq, trace, attention_mask
-        ctx.prompts, ctx.per_layer = prompts, per_layer
-        return out.to(hidden.dtype)
+        ctx.seq, ctx.trace, ctx.wire, ctx.inputs = seq, trace, wire, (hidden, prompts, per_layer)
+        block_states = (
+            torch.cat([t.states for t in trace if t.states is not None], dim=2)  # [B, T, n, H]
+            if states
+            else hidden.new_empty(0)
+        )
+        ctx.mark_non_differentiable(block_states)
+        return out.to(hidden.device, hidden.dtype), block_states.to(hidden.device, hidden.dtype)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor, _: Any) -> tuple[Any, ...]:  # type: ignore[override]
         seq: RemoteSequential = ctx.seq
+        prompts, per_layer, mask = ctx.wire
         grad_in, grad_prompts, grad_per_layer, _ = seq.client.run(
-            seq.client.backward(ctx.trace, grad.contiguous(), seq.start_block,
-                                attention_mask=ctx.mask, prompts=ctx.prompts,
-                                per_layer=ctx.per_layer)
+            seq.client.backward(ctx.trace, grad.to("cpu").contiguous(), seq.start_block,
+                                attention_mask=mask, prompts=prompts, per_layer=per_layer)
         )  # fmt: skip
-        return grad_in.to(grad.dtype), grad_prompts, grad_per_layer, None, None
+        hidden, prompts_in, per_layer_in = ctx.inputs
+        return (_back(grad_in, hidden), _back(grad_prompts, prompts_in),
+                _back(grad_per_layer, per_layer_in), None, None, None)  # fmt: skip
 
 
 class RemoteSequential(nn.Module):
     """Blocks [start_block, end_block) of a model served by the swarm."""
 
-    def __init__(self, client: RemoteClient, start_block: int, end_block: int) -> None:
+    def __init__(
+        self, client: RemoteClient | PretrainedConfig, start_block: int = 0,
+        end_block: int | None = None,
+    ) -> None:  # fmt: skip
+        """`client`: a model's, or a config from AutoDistributedConfig (then `end_block`
+        defaults to the model's number of blocks)."""
         super().__init__()
+        if isinstance(client, PretrainedConfig):
+            end_block = client.num_hidden_layers if end_block is None else end_block
+            client = client_for(client)
+        if end_block is None:
+            raise ValueError("give end_block: the blocks are [start_block, end_block)")
         if not 0 <= start_block < end_block:
             raise ValueError(f"empty or negative span [{start_block}, {end_block})")
         self.client = client
@@ -62,6 +91,20 @@ class RemoteSequential(nn.Module):
     ) -> torch.Tensor:  # fmt: skip
         """[B, T, H] -> [B, T, H]; prompts [n_blocks, B, P, H] are deep prompts;
         per_layer_inputs [B, T, n_blocks, P] Gemma 4's (ClientHead.per_layer_inputs)."""
+        return self._chain(hidden, attention_mask, prompts, per_layer_inputs, False)[0]
+
+    def forward_with_states(
+        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None,
+        prompts: torch.Tensor | None = None, per_layer_inputs: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """`forward`, also giving each block's output [B, T, n_blocks, H] (no gradient flows
+        through those; the servers send them only when asked)."""
+        return self._chain(hidden, attention_mask, prompts, per_layer_inputs, True)
+
+    def _chain(
+        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None,
+        prompts: torch.Tensor | None, per_layer_inputs: torch.Tensor | None, states: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         if hidden.dim() != 3:
             raise ValueError(f"hidden states must be [batch, tokens, hidden], got {hidden.shape}")
         if prompts is not None and prompts.shape[0] != len(self):
@@ -74,7 +117,7 @@ class RemoteSequential(nn.Module):
                 f"got {list(per_layer_inputs.shape)}"
             )
         check_chain(self.client.sharing, self.start_block, self.end_block)
-        return _RemoteChain.apply(hidden, prompts, per_layer_inputs, self, attention_mask)
+        return _RemoteChain.apply(hidden, prompts, per_layer_inputs, self, attention_mask, states)
 
     def __len__(self) -> int:
         return self.end_block - self.start_block

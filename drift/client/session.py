@@ -2,9 +2,11 @@
 
 One WebSocket per span. Every input sent to a span is kept; when a server fails mid-
 session, its span is routed to other servers and that history is replayed into them,
-so generation continues with identical results. Gemma 4: each step sends every span its
-per-layer inputs and the new positions' keys/values of donors in earlier spans (the servers
-keep the past ones); a replay carries them too. Sync methods wrap the async core.
+so generation continues with identical results; `extend` reopens every span longer the
+same way. Gemma 4: each step sends every span its per-layer inputs and the new positions'
+keys/values of donors in earlier spans (the servers keep the past ones); a replay carries
+them too. Steps take tensors on any device and give them back there, in the caller's dtype.
+Sync methods wrap the async core.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from drift.client.routing import Hop
 from drift.client.transport import SpanSocket
 from drift.wire import messages as m
 from drift.wire.errors import DriftError, LengthExceeded
+from drift.wire.extras import BLOCK_STATES
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class InferenceSession:
         self.client = client
         self.start_block, self.end_block = start_block, end_block
         self.max_length, self.batch_size = max_length, batch_size
+        self.dtype = dtype  # what steps travel in (the servers check it)
         self.dtype_name = str(dtype).removeprefix("torch.")
         self.position = 0
         self.spans: list[SpanState] = []
@@ -78,9 +82,7 @@ class InferenceSession:
             opened: list[SpanState] = []
             try:
                 for hop in hops:
-                    sock = await SpanSocket.open(
-                        self.client.http, hop, self._open_msg(hop), self.client.config
-                    )
+                    sock = await self.client.open_socket(hop, self._open_msg(hop))
                     opened.append(SpanState(hop, sock))
                 return opened
             except DriftError as exc:
@@ -94,40 +96,72 @@ class InferenceSession:
         prompts: torch.Tensor | None = None, per_layer_inputs: torch.Tensor | None = None,
     ) -> torch.Tensor:  # fmt: skip
         """Run new tokens' hidden states [B, T, H] through every span; returns [B, T, H].
-        per_layer_inputs [B, T, n_blocks, P]: Gemma 4's (ClientHead.per_layer_inputs)."""
+        per_layer_inputs [B, T, n_blocks, P]: Gemma 4's (ClientHead.per_layer_inputs).
+        No new tokens (T = 0) is no step: nothing is sent and [B, 0, H] comes back."""
+        return self._run(hidden, position, hypo_ids, attention_mask, prompts, per_layer_inputs,
+                         states=False)[0]  # fmt: skip
+
+    def step_with_states(
+        self, hidden: torch.Tensor, *, position: int | None = None,
+        hypo_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+        prompts: torch.Tensor | None = None, per_layer_inputs: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """`step`, also giving each block's output [B, T, n_blocks, H] (the servers send
+        them only when asked: n_blocks times the bytes of a step's reply)."""
+        out, states = self._run(hidden, position, hypo_ids, attention_mask, prompts,
+                                per_layer_inputs, states=True)  # fmt: skip
+        assert states is not None
+        return out, states
+
+    def _run(
+        self, hidden: torch.Tensor, position: int | None, hypo_ids: torch.Tensor | None,
+        mask: torch.Tensor | None, prompts: torch.Tensor | None, per_layer: torch.Tensor | None,
+        *, states: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
         if self.closed:
             raise RuntimeError("this inference session is closed")
         position = self.position if position is None else position
         if position > self.position:
             raise LengthExceeded(f"position {position} is past the session's {self.position}")
-        if position + hidden.shape[1] > self.max_length:
+        batch, tokens, width = hidden.shape
+        if tokens == 0:
+            n = self.end_block - self.start_block
+            return hidden.clone(), hidden.new_empty(batch, 0, n, width) if states else None
+        if position + tokens > self.max_length:
             raise LengthExceeded(
                 f"session max_length {self.max_length} exceeded: position {position} + "
-                f"{hidden.shape[1]} new tokens; open the session with a larger max_length"
+                f"{tokens} new tokens; open the session with a larger max_length"
             )
-        step = StepInputs(hidden, position, hypo_ids, attention_mask, prompts, per_layer_inputs)
-        out = self.client.run(self._step(step))
-        self.position = position + hidden.shape[1]
-        return out
+        step = StepInputs(hidden.to("cpu", self.dtype), position, _cpu(hypo_ids), _cpu(mask),
+                          _cpu(prompts), _cpu(per_layer))  # fmt: skip
+        out, block_states = self.client.run(self._step(step, states))
+        self.position = position + tokens
+        back = None if block_states is None else block_states.to(hidden.device, hidden.dtype)
+        return out.to(hidden.device, hidden.dtype), back
 
-    async def _step(self, step: StepInputs) -> torch.Tensor:
+    async def _step(
+        self, step: StepInputs, states: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if not self.spans:
             self.spans = await self._connect(self.start_block, self.end_block)
         hidden = step.hidden
         shared: Tensors = {}  # keys/values of this step's new positions, by donor
+        outputs: list[torch.Tensor] = []  # each hop's blocks' outputs, when asked
         i = 0
         while i < len(self.spans):
             inputs = self._inputs(step, hidden, self.spans[i].hop, shared)
             try:
-                out, donated = await self._send(self.spans[i], inputs, self.end_block)
+                out, donated = await self._send(self.spans[i], inputs, self.end_block, states)
             except DriftError as exc:
                 await self._failover(i, exc)
                 continue  # retry the same index: now the replacement's first span
             self.spans[i].history.append(inputs)
+            if states:
+                outputs.append(donated.pop(BLOCK_STATES))
             shared.update(donated)
             hidden = out
             i += 1
-        return hidden
+        return hidden, torch.cat(outputs, dim=2) if states else None
 
     def _inputs(self, step: StepInputs, hidden: torch.Tensor, hop: Hop,
                 shared: Tensors) -> StepInputs:  # fmt: skip
@@ -138,9 +172,10 @@ class InferenceSession:
                           step.prompts, step.per_layer, read)  # fmt: skip
 
     async def _send(
-        self, span: SpanState, s: StepInputs, stop: int
+        self, span: SpanState, s: StepInputs, stop: int, states: bool = False
     ) -> tuple[torch.Tensor, Tensors]:
-        """One step on one span: (its output, the K/V it donated to blocks before `stop`)."""
+        """One step on one span: (its output, the K/V it donated to blocks before `stop`, and
+        with `states` its blocks' outputs as BLOCK_STATES)."""
         hop = span.hop
         extras = hop_extras(self.client.sharing, self.start_block, hop.start_block,
                             hop.end_block, s.per_layer, s.shared)  # fmt: skip
@@ -149,11 +184,11 @@ class InferenceSession:
         reply = await span.socket.step(
             s.hidden, s.position, hypo_ids=s.hypo_ids, attention_mask=s.attention_mask,
             prompts=slice_prompts(s.prompts, self.start_block, hop), extras=extras,
-            donate=donate,
+            donate=donate, states=states,
         )  # fmt: skip
         # measured step time feeds the per-peer EWMA that routing reads as rtt_s
         self.client.swarm.note_rtt(span.hop.peer_id, time.perf_counter() - started)
-        return reply.hidden_states, reply.extras
+        return reply.hidden_states, dict(reply.extras)
 
     async def _failover(self, index: int, exc: DriftError) -> None:
         """Replace span `index` by a new route over its blocks and replay its history."""
@@ -187,14 +222,54 @@ class InferenceSession:
                 span.history.append(inputs)
                 shared.update(donated)
 
-    def close(self) -> None:
+    def extend(self, max_length: int) -> None:
+        """Room for `max_length` tokens: every span is reopened that long and its inputs
+        replayed (as a failover does); before the first step, only the number changes. If
+        the servers refuse the new sessions, the session stays as it was and the error
+        rises (a server's largest max_length: LengthExceeded)."""
+        if max_length <= self.max_length:
+            return
+        if not self.spans:
+            self.max_length = max_length
+            return
+        self.client.run(self._reopen(max_length))
+
+    async def _reopen(self, max_length: int) -> None:
+        shorter, self.max_length = self.max_length, max_length
+        fresh: list[list[SpanState]] = []
+        try:  # all opened before any is given up: a refusal changes nothing
+            for span in self.spans:
+                fresh.append(await self._connect(span.hop.start_block, span.hop.end_block))
+        except BaseException:
+            self.max_length = shorter
+            for group in fresh:
+                for new in group:
+                    await new.socket.close()
+            raise
+        old, self.spans = self.spans, []
+        for span, group in zip(old, fresh, strict=True):
+            await span.socket.close()
+            self.spans.extend(group)
+            await self._replay(group, span.history, span.hop.end_block)
+
+    def close(self, *, wait: bool = True) -> None:
+        """Close every span's socket (the servers free the caches); `wait=False` does not
+        wait for it (a finalizer, from any thread). A closed client has closed them all."""
         if self.closed:
             return
         self.closed = True
-        if self.spans:
+        if not self.spans or self.client.closed:
+            return
+        if wait:
             self.client.run(self._close_all())
+        else:
+            self.client.submit(self._close_all())
 
     async def _close_all(self) -> None:
         for span in self.spans:
             await span.socket.close()
         self.spans = []
+
+
+def _cpu(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return None if tensor is None else tensor.to("cpu")

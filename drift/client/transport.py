@@ -88,10 +88,14 @@ async def forward(
     config: ClientConfig, *,
     attention_mask: torch.Tensor | None = None, prompts: torch.Tensor | None = None,
     extras: dict[str, torch.Tensor] | None = None, donate: tuple[int, ...] = (),
+    states: bool = False,
 ) -> m.ForwardResponse:  # fmt: skip
+    """`states`: the reply also carries each block's output (extras.BLOCK_STATES)."""
     req = m.ForwardRequest(model, hop.start_block, hop.end_block, hidden, attention_mask, prompts,
-                           extras or {}, donate)  # fmt: skip
-    return await post_frame(http, hop, "forward", req, m.ForwardResponse, config, donate=donate)
+                           extras or {}, donate, states)  # fmt: skip
+    n_states = hop.end_block - hop.start_block if states else 0
+    return await post_frame(http, hop, "forward", req, m.ForwardResponse, config, donate=donate,
+                            states=n_states)  # fmt: skip
 
 
 async def backward(
@@ -168,11 +172,11 @@ class SpanSocket:
         self, hidden: torch.Tensor, position: int, *,
         hypo_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
         prompts: torch.Tensor | None = None, extras: dict[str, torch.Tensor] | None = None,
-        donate: tuple[int, ...] = (),
+        donate: tuple[int, ...] = (), states: bool = False,
     ) -> m.StepResponse:  # fmt: skip
         self._step_id += 1
         req = m.StepRequest(self._step_id, position, hidden, hypo_ids, attention_mask, prompts,
-                            extras or {}, donate)  # fmt: skip
+                            extras or {}, donate, states)  # fmt: skip
         try:
             await self.ws.send_bytes(m.encode(req))
         except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
@@ -181,7 +185,8 @@ class SpanSocket:
         if msg.type == aiohttp.WSMsgType.TEXT:
             self._raise_if_error(orjson.loads(msg.data))
             raise PeerUnavailable(f"{self.hop.peer_id}: unexpected text reply to a step")
-        reply = m.decode(m.StepResponse, msg.data, donate=donate)
+        n_states = self.hop.end_block - self.hop.start_block if states else 0
+        reply = m.decode(m.StepResponse, msg.data, donate=donate, states=n_states)
         if reply.step_id != self._step_id:
             raise PeerUnavailable(f"{self.hop.peer_id}: reply to step {reply.step_id}, "
                                   f"expected {self._step_id}")  # fmt: skip

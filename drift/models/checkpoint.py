@@ -169,6 +169,7 @@ def open_checkpoint(
     revision: str | None = None,
     blocks: range | None = None,
     dtype: torch.dtype | None = None,
+    token: str | bool | None = None,
 ) -> Checkpoint:
     """Open an alias, a local dir, a .gguf file or a Hub id ("org/name") as a Checkpoint.
 
@@ -176,7 +177,8 @@ def open_checkpoint(
     `dtype`, the dtype the weights will run in (None: any conversion already cached, else
     bfloat16; enough for config and tokenizer). The fingerprint does not depend on it.
     Hub ids fetch config, tokenizer and index into the Hugging Face cache, plus the shards
-    holding `blocks`; any other shard is fetched when a tensor in it is first read.
+    holding `blocks`; any other shard is fetched when a tensor in it is first read (`token`:
+    huggingface_hub's, for gated or private repositories; None: HF_TOKEN or the login's).
     """
     text = os.fspath(name_or_path)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -193,13 +195,13 @@ def open_checkpoint(
     if text.startswith(("/", ".", "~")) or text.endswith(".gguf") or text.count("/") > 1:
         raise NotFound(f"checkpoint path {text} does not exist")
     if _HUB_ID.match(text):
-        snapshot, commit = fetch_hub(text, revision=revision, blocks=blocks)
+        snapshot, commit = fetch_hub(text, revision=revision, blocks=blocks, token=token)
         return Checkpoint(
             snapshot,
             name=text,
             revision=commit,
             partial=True,
-            fetch_shards=functools.partial(fetch_hub_shards, text, revision=commit),
+            fetch_shards=functools.partial(fetch_hub_shards, text, revision=commit, token=token),
         )
     raise NotFound(
         f"unknown model {text!r}: not a path that exists, not an alias "

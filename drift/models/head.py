@@ -1,8 +1,9 @@
 """ClientHead: what a client holds of a model: embeddings, final norm and the LM head.
 
 Loads only those tensors. Applies the family's client-side pieces from its adapter: gemma's
-embedding scale, bloom's embedding layernorm, gemma2's final logit softcapping, tied heads,
-Gemma 4's per-layer inputs (computed here from the token ids, sent to every span).
+embedding scale (inside `embed_tokens`, as transformers' scaled embeddings), bloom's
+embedding layernorm, gemma2's final logit softcapping, tied heads, Gemma 4's per-layer
+inputs (computed here from the token ids, sent to every span).
 """
 
 from __future__ import annotations
@@ -14,6 +15,19 @@ import torch
 from drift.models.registry import get_adapter
 from drift.models.sharing import KVSharing
 from drift.wire.errors import BadRequest, BadTensor
+
+
+class ScaledEmbedding(torch.nn.Embedding):
+    """An embedding table whose rows come out times `scale` (transformers' gemma
+    `*ScaledWordEmbedding`: what `get_input_embeddings()` of those models returns)."""
+
+    def __init__(self, weight: torch.Tensor, scale: float) -> None:
+        super().__init__(weight.shape[0], weight.shape[1], _weight=weight, _freeze=True)
+        self.scale = scale
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        hidden = super().forward(input_ids)
+        return hidden * torch.tensor(self.scale, dtype=hidden.dtype)
 
 
 class ClientHead(torch.nn.Module):
@@ -60,7 +74,12 @@ class ClientHead(torch.nn.Module):
             return {k: v.to(device, dtype) for k, v in ckpt.tensors(prefix).items()}
 
         embed_weight = _one(ckpt, adapter.embed_name, read)
-        embed = torch.nn.Embedding.from_pretrained(embed_weight, freeze=True)
+        scale = adapter.embed_scale()
+        embed = (
+            torch.nn.Embedding.from_pretrained(embed_weight, freeze=True)
+            if scale is None
+            else ScaledEmbedding(embed_weight, scale)
+        )
         head_name = "lm_head.weight"
         tied = bool(getattr(adapter.config, "tie_word_embeddings", False))
         if not tied and head_name not in ckpt.tensor_names():
@@ -94,12 +113,14 @@ class ClientHead(torch.nn.Module):
         vocab = self.embed_tokens.num_embeddings
         if bool(((input_ids < 0) | (input_ids >= vocab)).any()):
             raise BadTensor(f"input_ids must lie in [0, {vocab})")
-        hidden = self.embed_tokens(self._text_ids(input_ids))
-        if self.embed_scale is not None:
-            hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
-        if self.embed_norm is not None:
-            hidden = self.embed_norm(hidden)
-        return hidden
+        return self.block_input(self.embed_tokens(self._text_ids(input_ids)))
+
+    def block_input(self, inputs_embeds: torch.Tensor) -> torch.Tensor:
+        """[B, T, H] what `embed_tokens` gave (a model's `inputs_embeds`) -> what block 0 takes:
+        bloom's embedding layernorm applied, as its model's forward does; others unchanged."""
+        if self.embed_norm is None:
+            return inputs_embeds
+        return self.embed_norm(inputs_embeds.to(self.embed_tokens.weight.device, self.dtype))
 
     def per_layer_inputs(
         self, input_ids: torch.Tensor | None, embeds: torch.Tensor, *, prefix: int = 0
@@ -143,8 +164,11 @@ class ClientHead(torch.nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[B, T, H] output of the last block -> [B, T, V] logits (final norm + head)."""
-        hidden = hidden.to(self.embed_tokens.weight.device, self.dtype)
-        logits = self.lm_head(self.norm(hidden))
+        return self.project(self.norm(hidden.to(self.embed_tokens.weight.device, self.dtype)))
+
+    def project(self, normed: torch.Tensor) -> torch.Tensor:
+        """[B, T, H] final normed state -> [B, T, V] logits (head + gemma2's softcapping)."""
+        logits = self.lm_head(normed)
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits

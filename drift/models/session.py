@@ -32,7 +32,8 @@ class SpanLayers(Protocol):
     def run_layers(self, layer_ids: tuple[int, ...], hidden: torch.Tensor,
                    mask_2d: torch.Tensor, cache: Any, prompts: torch.Tensor | None,
                    offset: int, extras: Mapping[str, torch.Tensor] | None = None,
-                   donate: tuple[int, ...] = ()) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...  # fmt: skip
+                   donate: tuple[int, ...] = (),
+                   states: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...  # fmt: skip
 
     def extra_spec(self, start_block: int, end_block: int) -> ExtraSpec: ...
 
@@ -100,10 +101,12 @@ class SpanSession:
         prompts: torch.Tensor | None = None,
         extras: Mapping[str, torch.Tensor] | None = None,
         donate: tuple[int, ...] = (),
+        states: bool = False,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """A validated step (checks and limits already passed): only the cache's own state is
         checked here. Inputs move to the span's device once. Returns the output [B, T, H] and
-        the `donate` blocks' K/V of the new positions, in hidden's dtype. Received K/V are
+        the `donate` blocks' K/V of the new positions (with `states`, also each block's
+        output, drift.wire.extras.BLOCK_STATES), in hidden's dtype. Received K/V are
         kept in the cache, so rollback and beam reorder apply to them as to the span's own."""
         if self.closed:
             raise BadRequest("this inference session is closed")
@@ -131,7 +134,7 @@ class SpanSession:
             with torch.no_grad():
                 out, donated = self.span.run_layers(
                     self.layer_ids, hidden.to(device, self.span.dtype), mask_2d, self.cache,
-                    span_prompts, position, named, donate,
+                    span_prompts, position, named, donate, states,
                 )  # fmt: skip
         except Exception:
             rollback(self.cache, position)  # leave the session as it was before this step

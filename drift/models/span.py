@@ -20,7 +20,7 @@ from drift.models.registry import get_adapter
 from drift.models.session import SpanSession
 from drift.wire.checks import check_grad_outputs, check_pass
 from drift.wire.errors import BadRequest, SpanNotServed
-from drift.wire.extras import ExtraSpec, kv_block
+from drift.wire.extras import BLOCK_STATES, ExtraSpec, kv_block
 
 Tensors = dict[str, torch.Tensor]
 
@@ -118,19 +118,27 @@ class ModelSpan(torch.nn.Module):
         offset: int,
         extras: Mapping[str, torch.Tensor] | None = None,
         donate: tuple[int, ...] = (),
+        states: bool = False,
     ) -> tuple[torch.Tensor, Tensors]:
         """hidden [B, T, H] (span dtype) through `layer_ids`; mask_2d [B, past + T] bool.
-        Returns the output and the shared K/V of the `donate` blocks (Gemma 4), by name."""
+        Returns the output and the shared K/V of the `donate` blocks (Gemma 4), by name, with
+        each layer's output as BLOCK_STATES [B, T, n, H] when `states` is asked."""
         tokens = hidden.shape[1]
         positions = positions_from_mask(mask_2d, tokens)
         ctx = RunContext(layer_ids, mask_2d, positions, cache, extras)
         prep = self.adapter.prepare(self.aux, hidden, ctx)
+        outputs = []
         for j, index in enumerate(layer_ids):
             if prompts is not None:
                 hidden = add_prompts(hidden, prompts[j], offset)
             layer = self.layers[index - self.start_block]
             hidden = self.adapter.call_layer(layer, index, hidden, prep, ctx)
-        return hidden, self.adapter.donated(prep, ctx, donate, tokens)
+            if states:
+                outputs.append(hidden)
+        named = self.adapter.donated(prep, ctx, donate, tokens)
+        if states:
+            named[BLOCK_STATES] = torch.stack(outputs, dim=2)  # [B, T, n, H]
+        return hidden, named
 
     def extra_spec(self, start_block: int, end_block: int) -> ExtraSpec:
         """The named tensors blocks [start_block, end_block) take and give (drift.wire.extras)."""
@@ -202,14 +210,14 @@ class ModelSpan(torch.nn.Module):
     def run_forward(
         self, start: int, end: int, hidden: torch.Tensor, mask: torch.Tensor | None,
         prompts: torch.Tensor | None, extras: Mapping[str, torch.Tensor] | None = None,
-        donate: tuple[int, ...] = (),
+        donate: tuple[int, ...] = (), states: bool = False,
     ) -> tuple[torch.Tensor, Tensors]:  # fmt: skip
         """Blocks [start, end) on validated inputs: ([B, T, H], the `donate` blocks' K/V of
-        these tokens), in hidden's dtype."""
+        these tokens and, with `states`, each block's output), in hidden's dtype."""
         inputs, mask_2d, span_prompts, named = self._inputs(hidden, mask, prompts, extras)
         with torch.no_grad():
             out, donated = self.run_layers(tuple(range(start, end)), inputs, mask_2d, None,
-                                           span_prompts, 0, named, donate)  # fmt: skip
+                                           span_prompts, 0, named, donate, states)  # fmt: skip
         return out.to(hidden.dtype), {k: v.to(hidden.dtype) for k, v in donated.items()}
 
     def run_backward(

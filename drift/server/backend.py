@@ -86,7 +86,7 @@ class SpanBackend:
     def _forward(self, req: ForwardRequest) -> ForwardResponse:
         out, donated = self.span.run_forward(req.start_block, req.end_block, req.hidden_states,
                                              req.attention_mask, req.prompts, req.extras,
-                                             req.donate)  # fmt: skip
+                                             req.donate, req.block_states)  # fmt: skip
         return ForwardResponse(out.to("cpu"), {k: v.to("cpu") for k, v in donated.items()})
 
     def _backward(self, req: BackwardRequest) -> BackwardResponse:

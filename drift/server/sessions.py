@@ -98,7 +98,7 @@ class SessionManager:
         out, donated = session.cache.run(
             req.position, req.hidden_states, hypo_ids=req.hypo_ids,
             attention_mask=req.attention_mask, prompts=req.prompts, extras=req.extras,
-            donate=req.donate,
+            donate=req.donate, states=req.block_states,
         )  # fmt: skip
         return StepResponse(
             req.step_id, out.to("cpu"), {k: v.to("cpu") for k, v in donated.items()}

@@ -60,6 +60,14 @@ def get_str(params: dict[str, Any], name: str) -> str:
     return value
 
 
+def get_flag(params: dict[str, Any], name: str) -> bool:
+    """An optional boolean field (absent: False)."""
+    value = params.get(name, False)
+    if not isinstance(value, bool):
+        raise BadRequest(f"field {name!r} must be true or false, got {type(value).__name__}")
+    return value
+
+
 def get_span(params: dict[str, Any]) -> tuple[int, int]:
     start = get_int(params, "start_block")
     end = get_int(params, "end_block", low=1)

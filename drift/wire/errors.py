@@ -57,8 +57,9 @@ class VersionMismatch(BadRequest):
     code = "version_mismatch"
 
 
-class LengthExceeded(BadRequest):
-    """A session step past its max_length, or a max_length past the server's limit."""
+class LengthExceeded(BadRequest, ValueError):
+    """A session step past its max_length, or a max_length past the server's limit (also a
+    ValueError, as Petals' and transformers' length errors are)."""
 
     code = "length_exceeded"
 

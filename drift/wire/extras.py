@@ -5,6 +5,7 @@ reuse the keys/values of an earlier block (a donor) receives them as `kv.<donor>
 span holding a donor gives them back when a request lists the donor in `donate`. Gradients
 of these travel as `grad.<name>`. `ExtraSpec` says which a (sub-)span takes and can give,
 with shapes as templates over the hidden states' batch "B" and tokens "T" ("*": any size).
+Any family's reply also carries `block_states` (each block's output) when a request asks.
 Knows nothing about models: drift.models builds the spec of a span; checks.py enforces it.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PER_LAYER_INPUTS = "per_layer_inputs"  # [B, T, n_blocks, P]
+BLOCK_STATES = "block_states"  # [B, T, n_blocks, H] each block's output, in a reply that asked
 GRAD_PREFIX = "grad."
 
 Shape = tuple[int | str, ...]  # ints are exact sizes; "B", "T" and "*" as said above
@@ -61,3 +63,8 @@ def reply_shape(name: str) -> Shape:
     """The shape template of a named tensor in a reply, whose other sizes the asker checks
     no further: per-layer inputs are [B, T, n, P], keys/values [B, heads, T, head_dim]."""
     return ("B", "T", "*", "*") if name == PER_LAYER_INPUTS else ("B", "*", "T", "*")
+
+
+def states_shape(n_blocks: int, hidden_size: int) -> Shape:
+    """The shape of `block_states` in a reply for `n_blocks` blocks."""
+    return ("B", "T", n_blocks, hidden_size)

@@ -16,7 +16,16 @@ import torch
 
 from drift.wire import checks as c
 from drift.wire.errors import BadRequest, BadTensor
-from drift.wire.extras import GRAD_PREFIX, NO_EXTRAS, ExtraSpec, grad_name, kv_names, reply_shape
+from drift.wire.extras import (
+    BLOCK_STATES,
+    GRAD_PREFIX,
+    NO_EXTRAS,
+    ExtraSpec,
+    grad_name,
+    kv_names,
+    reply_shape,
+    states_shape,
+)
 from drift.wire.frames import decode_frame, encode_frame
 from drift.wire.version import PROTOCOL_VERSION
 
@@ -36,10 +45,14 @@ def _nested(t: torch.Tensor | None) -> Any:
     return None if t is None else t.detach().float().cpu().tolist()
 
 
-def _with_donate(params: dict[str, Any], donate: tuple[int, ...]) -> dict[str, Any]:
-    """`donate` only when there is one: other families' frames stay byte-identical."""
+def _with_donate(
+    params: dict[str, Any], donate: tuple[int, ...], states: bool = False
+) -> dict[str, Any]:
+    """`donate` and `block_states` only when asked: other frames stay byte-identical."""
     if donate:
         params["donate"] = list(donate)
+    if states:
+        params[BLOCK_STATES] = True
     return params
 
 
@@ -49,9 +62,14 @@ def _split(tensors: Tensors, base: tuple[str, ...]) -> tuple[Tensors, Tensors]:
     return own, {k: v for k, v in tensors.items() if k not in base}
 
 
-def _reply_extras(tensors: Tensors, names: tuple[str, ...], hidden: torch.Tensor) -> Tensors:
-    """A reply's named extras: exactly `names`, batch and tokens those of `hidden`."""
+def _reply_extras(
+    tensors: Tensors, names: tuple[str, ...], hidden: torch.Tensor, states: int = 0
+) -> Tensors:
+    """A reply's named extras: exactly `names` (+ the `states` blocks' outputs when > 0),
+    batch and tokens those of `hidden`."""
     specs = tuple((name, reply_shape(name.removeprefix(GRAD_PREFIX))) for name in names)
+    if states:
+        specs += ((BLOCK_STATES, states_shape(states, hidden.shape[-1])),)
     return c.check_named(tensors, specs, batch=hidden.shape[0], tokens=hidden.shape[1])
 
 
@@ -71,6 +89,7 @@ class ForwardRequest:
     prompts: torch.Tensor | None = None  # [n_blocks, B, P, H] deep prompts
     extras: Tensors = field(default_factory=dict)  # per-layer inputs, consumed K/V (extras.py)
     donate: tuple[int, ...] = ()  # blocks whose shared K/V the reply must carry
+    block_states: bool = False  # the reply carries each block's output (extras.BLOCK_STATES)
 
     TENSORS = ("hidden_states", "attention_mask", "prompts")
 
@@ -97,12 +116,13 @@ class ForwardRequest:
             prompts=inputs.prompts,
             extras=inputs.extras,
             donate=c.get_donate(params, spec),
+            block_states=c.get_flag(params, BLOCK_STATES),
         )
 
     def to_wire(self) -> tuple[dict[str, Any], Tensors]:
         params = _head("forward", model=self.model, start_block=self.start_block,
                        end_block=self.end_block)  # fmt: skip
-        return _with_donate(params, self.donate), _tensors(
+        return _with_donate(params, self.donate, self.block_states), _tensors(
             hidden_states=self.hidden_states,
             attention_mask=self.attention_mask,
             prompts=self.prompts,
@@ -198,20 +218,25 @@ class ForwardResponse:
 
     @classmethod
     def from_wire(
-        cls, params: dict[str, Any], tensors: Tensors, *, donate: tuple[int, ...] = ()
-    ) -> ForwardResponse:
-        """`donate`: the blocks whose K/V the request asked back (exactly those come)."""
+        cls, params: dict[str, Any], tensors: Tensors, *, donate: tuple[int, ...] = (),
+        states: int = 0,
+    ) -> ForwardResponse:  # fmt: skip
+        """`donate`: the blocks whose K/V the request asked back (exactly those come);
+        `states`: how many blocks' outputs it asked for (0: not asked)."""
         c.check_version(params)
         own, named = _split(tensors, ("hidden_states",))
         hidden = c.check_activation("hidden_states", c.tensor(own, "hidden_states"), rank=3,
                                     hidden_size=None)  # fmt: skip
-        return cls(hidden, _reply_extras(named, _donated_names(donate), hidden))
+        return cls(hidden, _reply_extras(named, _donated_names(donate), hidden, states))
 
     def to_wire(self) -> tuple[dict[str, Any], Tensors]:
         return _head("forward_result"), {"hidden_states": self.hidden_states, **self.extras}
 
     def to_json(self) -> dict[str, Any]:
-        return {"hidden_states": _nested(self.hidden_states)}
+        out = {"hidden_states": _nested(self.hidden_states)}
+        if BLOCK_STATES in self.extras:
+            out[BLOCK_STATES] = _nested(self.extras[BLOCK_STATES])
+        return out
 
 
 @dataclass(frozen=True)
@@ -318,6 +343,7 @@ class StepRequest:
     prompts: torch.Tensor | None = None  # [n_blocks, B, P, H]
     extras: Tensors = field(default_factory=dict)  # per-layer inputs, consumed K/V (extras.py)
     donate: tuple[int, ...] = ()  # blocks whose shared K/V (new positions) the reply carries
+    block_states: bool = False  # the reply carries each block's output (extras.BLOCK_STATES)
 
     TENSORS = ("hidden_states", "hypo_ids", "attention_mask", "prompts")
 
@@ -352,11 +378,12 @@ class StepRequest:
             prompts=inputs.prompts,
             extras=inputs.extras,
             donate=c.get_donate(params, spec),
+            block_states=c.get_flag(params, BLOCK_STATES),
         )
 
     def to_wire(self) -> tuple[dict[str, Any], Tensors]:
         params = _head("step", step_id=self.step_id, position=self.position)
-        return _with_donate(params, self.donate), _tensors(
+        return _with_donate(params, self.donate, self.block_states), _tensors(
             hidden_states=self.hidden_states,
             hypo_ids=self.hypo_ids,
             attention_mask=self.attention_mask,
@@ -373,14 +400,16 @@ class StepResponse:
 
     @classmethod
     def from_wire(
-        cls, params: dict[str, Any], tensors: Tensors, *, donate: tuple[int, ...] = ()
-    ) -> StepResponse:
-        """`donate`: the blocks whose K/V the step asked back (exactly those come)."""
+        cls, params: dict[str, Any], tensors: Tensors, *, donate: tuple[int, ...] = (),
+        states: int = 0,
+    ) -> StepResponse:  # fmt: skip
+        """`donate`: the blocks whose K/V the step asked back (exactly those come);
+        `states`: how many blocks' outputs it asked for (0: not asked)."""
         c.check_version(params)
         own, named = _split(tensors, ("hidden_states",))
         hidden = c.check_activation("hidden_states", c.tensor(own, "hidden_states"), rank=3,
                                     hidden_size=None)  # fmt: skip
-        extras = _reply_extras(named, _donated_names(donate), hidden)
+        extras = _reply_extras(named, _donated_names(donate), hidden, states)
         return cls(c.get_int(params, "step_id"), hidden, extras)
 
     def to_wire(self) -> tuple[dict[str, Any], Tensors]:

@@ -10,7 +10,7 @@ import pytest
 
 from drift.models.checkpoint import open_checkpoint
 from tests.client.swarms import SdkModels, Swarms  # noqa: F401  (types of the root fixtures)
-from tests.tiny_models import save_tiny
+from tests.tiny_models import TinyDirs
 
 
 @pytest.fixture
@@ -26,16 +26,8 @@ def swarm_model(swarms: Swarms, sdk_models: SdkModels):
 
 
 @pytest.fixture(scope="session")
-def tiny_dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny_client")
-    cache: dict[str, Path] = {}
-
-    def get(family: str) -> Path:
-        if family not in cache:
-            cache[family] = save_tiny(family, root / family)
-        return cache[family]
-
-    return get
+def tiny_dirs(tmp_path_factory) -> TinyDirs:
+    return TinyDirs(tmp_path_factory.mktemp("tiny_client"))
 
 
 @pytest.fixture(scope="session")

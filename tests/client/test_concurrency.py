@@ -106,7 +106,7 @@ async def test_inference_session_is_per_thread_and_explicit(tiny_dirs, swarm_mod
     results = await asyncio.to_thread(_run_together, fns)
     for (first, second), ids, ref in zip(results, prompts, refs, strict=True):
         assert torch.equal(first, ref[:, : ids.shape[1] + 4])
-        assert torch.equal(second, ref)
+        assert torch.equal(second, ref[:, ids.shape[1] + 4 :])  # the new tokens (as Petals)
     assert await _wait_no_sessions(swarm) == [0, 0]
 
     def nested():

@@ -106,37 +106,42 @@ def _explain(repo_id: str, revision: str | None, exc: Exception) -> DriftError:
                     f"{type(exc).__name__}: {exc}", repo_id=repo_id)  # fmt: skip
 
 
-def _download(repo_id: str, revision: str | None, patterns: list[str]) -> Path:
-    """Files of `repo_id` matching `patterns` into the Hugging Face cache; the snapshot dir."""
+def _download(repo_id: str, revision: str | None, patterns: list[str],
+              token: str | bool | None = None) -> Path:  # fmt: skip
+    """Files of `repo_id` matching `patterns` into the Hugging Face cache; the snapshot dir.
+    `token`: huggingface_hub's (None: HF_TOKEN or the `hf auth login` one)."""
     from huggingface_hub import snapshot_download
 
     try:
-        path = snapshot_download(repo_id, revision=revision, allow_patterns=patterns)
+        path = snapshot_download(repo_id, revision=revision, allow_patterns=patterns, token=token)
     except Exception as exc:  # not found, gated, offline, network: a message saying what to do
         raise _explain(repo_id, revision, exc) from exc
     return Path(str(path))
 
 
-def fetch_hub_shards(repo_id: str, shards: list[str], *, revision: str) -> None:
+def fetch_hub_shards(repo_id: str, shards: list[str], *, revision: str,
+                     token: str | bool | None = None) -> None:  # fmt: skip
     """Download shards of `repo_id` at commit `revision` (those not cached yet)."""
     if not shards:
         return
     log.info("Hub %s@%s: fetching shard(s) %s", repo_id, revision[:8], ", ".join(shards))
-    _download(repo_id, revision, list(shards))
+    _download(repo_id, revision, list(shards), token)
 
 
 def fetch_hub(
-    repo_id: str, *, revision: str | None = None, blocks: range | None = None
-) -> tuple[Path, str]:
+    repo_id: str, *, revision: str | None = None, blocks: range | None = None,
+    token: str | bool | None = None,
+) -> tuple[Path, str]:  # fmt: skip
     """Config, tokenizer and index of `repo_id` (+ the shards of `blocks`); (snapshot, commit)."""
-    snapshot = _download(repo_id, revision, [*META_FILES, SINGLE_FILE])
+    snapshot = _download(repo_id, revision, [*META_FILES, SINGLE_FILE], token)
     commit = snapshot.name
     if not (snapshot / "config.json").is_file():
         raise NotFound(f"Hub repository {repo_id!r} has no config.json: not a transformers model")
     index = snapshot / "model.safetensors.index.json"
     if index.is_file():
         if blocks is not None and len(blocks):
-            fetch_hub_shards(repo_id, select_shards(read_index(index), blocks), revision=commit)
+            fetch_hub_shards(repo_id, select_shards(read_index(index), blocks), revision=commit,
+                             token=token)  # fmt: skip
     elif not (snapshot / SINGLE_FILE).is_file():
         raise BadRequest(
             f"Hub repository {repo_id!r} has no safetensors weights (model.safetensors or "
