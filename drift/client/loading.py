@@ -112,9 +112,11 @@ def load_tokenizer(
     """The tokenizer for a model alias ("smollm2"), model dir, .gguf file or Hub id.
 
     Resolved like the model itself (drift.models.open_checkpoint, no block weights read),
-    so `load_tokenizer(name)` pairs with `from_pretrained(name, initial_peers=...)`.
+    so `load_tokenizer(name)` pairs with `from_pretrained(name, initial_peers=...)`: a GGUF not
+    converted yet converts in the SDK's default dtype, the one from_pretrained then reuses.
     """
     from transformers import AutoTokenizer
 
-    ckpt = open_client_checkpoint(name_or_path, cache_dir=cache_dir, revision=revision)
+    ckpt = open_client_checkpoint(name_or_path, cache_dir=cache_dir, revision=revision,
+                                  dtype=resolve_dtype(None, None))  # fmt: skip
     return AutoTokenizer.from_pretrained(ckpt.path)
