@@ -18,7 +18,7 @@ import zstandard
 from drift.client.config import ClientConfig
 from drift.client.routing import Hop
 from drift.wire import messages as m
-from drift.wire.auth import auth_headers
+from drift.wire.auth import auth_headers, check_reply
 from drift.wire.errors import DriftError, PeerUnavailable, from_payload
 from drift.wire.frames import MEDIA_TYPE
 
@@ -49,11 +49,13 @@ async def _raise_for_reply(resp: aiohttp.ClientResponse, hop: Hop) -> None:
     raise err
 
 
-def _body(message: Any, config: ClientConfig, path: str) -> tuple[bytes, dict[str, str]]:
+def _body(message: Any, config: ClientConfig, path: str,
+          peer_id: str) -> tuple[bytes, dict[str, str]]:  # fmt: skip
     """The (maybe zstd) body and its headers; the swarm-key HMAC covers the plain frame,
-    which is what the server's auth middleware reads (aiohttp undoes Content-Encoding)."""
+    which is what the server reads (aiohttp undoes Content-Encoding)."""
     data = m.encode(message)
-    headers = {"Content-Type": MEDIA_TYPE, **auth_headers(config.swarm_key, "POST", path, data)}
+    proof = auth_headers(config.swarm_key, "POST", path, data, peer_id=peer_id)
+    headers = {"Content-Type": MEDIA_TYPE, **proof}
     if config.compress_min_bytes and len(data) >= config.compress_min_bytes:
         data = zstandard.ZstdCompressor(level=1).compress(data)
         headers["Content-Encoding"] = "zstd"
@@ -68,13 +70,15 @@ async def post_frame(
     reply_cls: Any,
     config: ClientConfig,
 ) -> Any:
-    data, headers = _body(message, config, f"/{route}")
+    data, headers = _body(message, config, f"/{route}", hop.peer_id)
     try:
         async with http.post(
             f"{hop.addr}/{route}", data=data, headers=headers, timeout=_timeout(config)
         ) as resp:
             await _raise_for_reply(resp, hop)
             body = await resp.read()
+            check_reply(config.swarm_key, headers, resp.status, resp.headers, body,
+                        what=f"{hop.peer_id} at {hop.addr}")  # fmt: skip
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         raise PeerUnavailable(f"{hop.peer_id} at {hop.addr}: {exc!r}", peer_id=hop.peer_id) from exc
     return m.decode(reply_cls, body)
@@ -116,7 +120,7 @@ class SpanSocket:
         cls, http: aiohttp.ClientSession, hop: Hop, request: m.OpenSession, config: ClientConfig,
     ) -> SpanSocket:  # fmt: skip
         url = f"{hop.addr}/inference"
-        headers = auth_headers(config.swarm_key, "GET", "/inference")
+        headers = auth_headers(config.swarm_key, "GET", "/inference", peer_id=hop.peer_id)
         try:
             ws = await http.ws_connect(
                 url, headers=headers, max_msg_size=0,

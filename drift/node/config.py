@@ -23,6 +23,12 @@ class NodeConfig:
     request_timeout_s: float = 5.0  # total timeout of one gossip request, seconds
     leave_timeout_s: float = 2.0  # time allowed to publish the offline record, seconds
     auth_max_skew_s: float = 60.0  # HMAC timestamps older/newer than this are refused, seconds
-    max_gossip_records: int = 10_000  # records accepted in one gossip body
+    max_records: int = 1024  # peers the membership table holds
+    max_gossip_records: int = 1100  # records accepted in one gossip body or reply
+    max_pending: int = 256  # open swarm: unverified records waiting for a dial
+    dials_per_round: int = 16  # open swarm: pending records dialled per gossip round
+    leave_fanout: int = 8  # peers told of a graceful leave (initial peers first)
     client_max_size: int = 1 << 20  # largest request body the app accepts, bytes
+    max_body_memory: int = 256 << 20  # request bodies held at once, all requests, bytes (429)
+    idle_timeout_s: float = 30.0  # a connection silent this long (no request, no body) closes
     version: str = __version__  # DRIFT version announced in records and /health

@@ -26,6 +26,7 @@ class ServerConfig:
     inference_max_length: int = 2048  # tokens: largest max_length a session may open
     session_timeout_s: float = 300.0  # seconds: an idle session is closed and its cache freed
     max_body_bytes: int = 64 << 20  # bytes: largest request body or WebSocket message (413)
+    max_sockets: int = 512  # inference WebSockets open at once; more get 429 at the handshake
     throughput: float | None = None  # block-tokens/s of one block; None: measured at start
     cache_dir: Path | None = None  # where the throughput measurement is cached (None: none)
     revision: str | None = None  # Hub revision of the model, when it comes from the Hub

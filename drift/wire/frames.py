@@ -13,11 +13,11 @@ from typing import Any
 
 import orjson
 import torch
-import zstandard
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from drift.wire.errors import BadFrame, BadTensor, PayloadTooLarge
+from drift.wire.zstd import compress, decompress  # noqa: F401  (re-exported)
 
 MEDIA_TYPE = "application/vnd.drift.tensors"
 METADATA_KEY = "drift"
@@ -203,25 +203,3 @@ def _int_list(value: Any) -> bool:
     return isinstance(value, list) and all(
         isinstance(v, int) and not isinstance(v, bool) for v in value
     )
-
-
-def compress(body: bytes, level: int = 3) -> bytes:
-    """zstd-compress a body (for `Content-Encoding: zstd`)."""
-    return zstandard.ZstdCompressor(level=level).compress(body)
-
-
-def decompress(body: bytes, *, max_bytes: int) -> bytes:
-    """Undo `Content-Encoding: zstd`, refusing output past max_bytes (no zip bombs)."""
-    reader = zstandard.ZstdDecompressor().stream_reader(body)
-    try:
-        out = reader.read(max_bytes + 1)
-        while len(out) <= max_bytes:
-            more = reader.read(max_bytes + 1 - len(out))
-            if not more:
-                break
-            out += more
-    except zstandard.ZstdError as exc:
-        raise BadFrame(f"body is not valid zstd: {exc}") from exc
-    if len(out) > max_bytes:
-        raise PayloadTooLarge(f"decompressed body exceeds the limit of {max_bytes} bytes")
-    return out
