@@ -61,7 +61,12 @@ async def swarm(request: web.Request) -> web.Response:
 async def gossip(request: web.Request) -> web.Response:
     node = request.app[NODE]
     limit = gossip_body_limit(node.config.max_gossip_records)
-    body = await read_body(request, limit, idle_timeout_s=node.config.idle_timeout_s)
+    body = await read_body(
+        request,
+        limit,
+        idle_timeout_s=node.config.idle_timeout_s,
+        limit_name="the gossip body limit (max_gossip_records)",
+    )
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:

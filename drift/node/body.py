@@ -70,11 +70,13 @@ async def body_middleware(request: web.Request, handler) -> web.StreamResponse: 
             budget.used -= held[0]
 
 
-async def read_body(request: web.Request, limit: int, *, idle_timeout_s: float = 30.0) -> bytes:
-    """The whole body, Content-Encoding undone, within `limit` bytes (before and after)."""
+async def read_body(request: web.Request, limit: int, *, idle_timeout_s: float = 30.0,
+                    limit_name: str = "this route's limit") -> bytes:  # fmt: skip
+    """The whole body, Content-Encoding undone, within `limit` bytes (before and after);
+    `limit_name` names the limit in the 413 (e.g. the option that sets it)."""
     if request.content_length is not None and request.content_length > limit:
-        raise PayloadTooLarge(f"body of {request.content_length} bytes exceeds this route's "
-                              f"limit of {limit} bytes")  # fmt: skip
+        raise PayloadTooLarge(f"body of {request.content_length} bytes exceeds {limit_name} "
+                              f"({limit} bytes)")  # fmt: skip
     budget = request.app.get(BODY_BUDGET)
     held = _RESERVED.get() or [0]
     if budget is not None and request.content_length:
@@ -85,17 +87,14 @@ async def read_body(request: web.Request, limit: int, *, idle_timeout_s: float =
             chunk = await asyncio.wait_for(request.content.readany(), idle_timeout_s)
         except asyncio.TimeoutError as exc:
             raise RequestTimeout(f"no body data for {idle_timeout_s:.0f} s") from exc
-        except (web.HTTPException, ValueError, OSError) as exc:
-            raise BadRequest(f"the body cannot be read ({exc}); check Content-Encoding") from exc
-        except Exception as exc:  # aiohttp's payload errors (a bad zstd/gzip body)
-            if type(exc).__module__.startswith("aiohttp"):
-                raise BadRequest(f"the body cannot be decoded: {exc}") from exc
-            raise
+        except web.RequestPayloadError as exc:  # aiohttp could not undo Content-Encoding
+            raise BadRequest(f"the body cannot be decoded: {' '.join(str(exc).split())}; "
+                             "send it as Content-Encoding zstd or none") from exc  # fmt: skip
         if not chunk:
             break
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLarge(f"body exceeds this route's limit of {limit} bytes")
+            raise PayloadTooLarge(f"body exceeds {limit_name} ({limit} bytes)")
         if budget is not None and size > held[0]:
             budget.reserve(len(chunk))  # compressed or chunked: counted as it grows
         chunks.append(chunk)

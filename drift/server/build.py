@@ -69,7 +69,9 @@ def load_server(
     log.info("loading %s blocks [%d, %d) as %s on %s", ckpt.name, start, end, dtype, device)
     span = ModelSpan.load(ckpt, start, end, dtype=dtype, device=device, progress=progress)
     backend = SpanBackend(span, model_name=ckpt.name, fingerprint=ckpt.fingerprint,
-                          max_batch_size=config.max_batch_size)  # fmt: skip
+                          max_batch_size=config.max_batch_size,
+                          max_request_tokens=config.max_request_tokens,
+                          chunk_tokens=config.chunk_tokens)  # fmt: skip
     throughput = config.throughput
     if throughput is None:
         key = throughput_key(device, ckpt.fingerprint, dtype, backend.quant)

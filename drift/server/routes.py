@@ -22,7 +22,7 @@ from drift.node.app import NODE
 from drift.node.body import AUTH_PROOF, read_body
 from drift.server.backend import SpanBackend
 from drift.server.state import BlockServer
-from drift.wire.errors import BadRequest, Busy, DriftError
+from drift.wire.errors import BadRequest, Busy, DriftError, PayloadTooLarge
 from drift.wire.frames import MEDIA_TYPE, decode_frame, encode_frame
 from drift.wire.messages import (
     BackwardRequest,
@@ -93,9 +93,17 @@ async def _compute(
     """/forward and /backward: parse `kind` (frame or JSON), run it, time it, reply in kind."""
     server = request.app[BLOCK_SERVER]
     started = time.perf_counter()
-    body, is_json = await _read_body(request, server.config.max_body_bytes)
+    if request.content_type == "application/json":
+        limit, name = server.config.max_json_bytes, "max_json_bytes (plain-JSON bodies)"
+    else:
+        limit, name = server.config.max_body_bytes, "max_body_bytes (--max_body_mb)"
+    body, is_json = await _read_body(request, limit, name)
     backend = server.backend
     if is_json:
+        if len(body) > server.config.max_json_bytes:
+            raise PayloadTooLarge(f"a plain-JSON body of {len(body)} bytes exceeds this server's "
+                                  f"max_json_bytes={server.config.max_json_bytes}; send a tensor "
+                                  "frame for larger inputs")  # fmt: skip
         req = kind.from_json(_json(body), default_model=backend.fingerprint,
                              hidden_size=backend.hidden_size)  # fmt: skip
     else:
@@ -113,9 +121,10 @@ def _reply(result: Any, is_json: bool) -> web.Response:
     return web.Response(body=encode_frame(params, tensors), content_type=MEDIA_TYPE)
 
 
-async def _read_body(request: web.Request, limit: int) -> tuple[bytes, bool]:
+async def _read_body(request: web.Request, limit: int, name: str) -> tuple[bytes, bool]:
     """The body (zstd undone), refused past `limit` bytes before it is all read."""
-    body = await read_body(request, limit, idle_timeout_s=request.app[NODE].config.idle_timeout_s)
+    body = await read_body(request, limit, limit_name=name,
+                           idle_timeout_s=request.app[NODE].config.idle_timeout_s)  # fmt: skip
     return body, _is_json(request.content_type, body)
 
 

@@ -8,6 +8,7 @@ Knows nothing about WebSockets.
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 import time
@@ -85,20 +86,30 @@ class SessionManager:
         return session
 
     async def step(self, session_id: str, req: StepRequest) -> StepResponse:
-        """`req` was validated against this session's limits at the wire edge."""
+        """`req` was validated against this session's limits at the wire edge. A long prefill
+        runs in chunks of the backend's `chunk_tokens`, so other sessions' steps run between."""
         session = self.get(session_id)
         session.busy = True
+        tokens, chunk = req.hidden_states.shape[1], self.backend.chunk_tokens
+        outs = []
         try:
-            out = await self.backend.run(self._step, session, req)
+            for pos in range(0, tokens, chunk):
+                stop = min(tokens, pos + chunk)
+                outs.append(await self.backend.run_chunk(
+                    functools.partial(self._step, session, req, pos, stop)))  # fmt: skip
         finally:
             session.busy = False
             session.last_used = time.monotonic()
-        return StepResponse(req.step_id, out)
+        return StepResponse(req.step_id, outs[0] if len(outs) == 1 else torch.cat(outs, dim=1))
 
     @staticmethod
-    def _step(session: Session, req: StepRequest) -> torch.Tensor:
-        out = session.cache.run(req.position, req.hidden_states, hypo_ids=req.hypo_ids,
-                                attention_mask=req.attention_mask, prompts=req.prompts)  # fmt: skip
+    def _step(session: Session, req: StepRequest, pos: int, stop: int) -> torch.Tensor:
+        """Tokens [pos, stop) of a step (beam reorder with the first chunk only)."""
+        mask = req.attention_mask
+        out = session.cache.run(req.position + pos, req.hidden_states[:, pos:stop],
+                                hypo_ids=req.hypo_ids if pos == 0 else None,
+                                attention_mask=None if mask is None else mask[:, pos:stop],
+                                prompts=req.prompts)  # fmt: skip
         return out.to("cpu")
 
     def close(self, session_id: str) -> None:
