@@ -13,7 +13,12 @@ from dataclasses import dataclass
 class ClientConfig:
     connect_timeout_s: float = 5.0  # opening a TCP connection / WebSocket handshake
     request_timeout_s: float = 60.0  # one /forward, /backward or /swarm request end to end
-    step_timeout_s: float = 60.0  # one inference step's reply on a session WebSocket
+    # One inference step's reply on a session WebSocket (and a /forward or /backward reply):
+    # step_timeout_factor x what that peer's replies of that size have taken, within
+    # [min_step_timeout_s, step_timeout_s]; step_timeout_s for a peer not measured yet.
+    step_timeout_s: float = 60.0
+    min_step_timeout_s: float = 2.0
+    step_timeout_factor: float = 10.0
     swarm_refresh_s: float = 5.0  # re-read the membership table at most this often
     max_retries: int = 4  # attempts per request / per step before giving up
     ban_base_s: float = 2.0  # first ban of a failing peer; doubles per failure

@@ -7,6 +7,7 @@ Every public method is a coroutine run on the client's loop; `run` is the sync b
 
 from __future__ import annotations
 
+import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -16,6 +17,7 @@ import torch
 from drift.client import transport
 from drift.client.bans import BanList
 from drift.client.config import ClientConfig
+from drift.client.latency import StepTimeouts
 from drift.client.loop import LoopThread
 from drift.client.routing import Hop, LatencyModel, inference_route, spread_route
 from drift.client.swarm_view import SwarmView
@@ -40,6 +42,9 @@ class RemoteClient:
         self.model_fingerprint = model_fingerprint
         self.loop = LoopThread()
         self.bans = BanList(config.ban_base_s, config.ban_max_s)
+        self.timeouts = StepTimeouts(factor=config.step_timeout_factor,
+                                     min_s=config.min_step_timeout_s,
+                                     max_s=config.step_timeout_s)  # fmt: skip
         self.http: aiohttp.ClientSession = self.loop.run(self._make_http())
         self.swarm = SwarmView(initial_peers, config, self.http, self.bans)
 
@@ -91,6 +96,19 @@ class RemoteClient:
             raise exc
         return attempts
 
+    def _timeout(self, hop: Hop, kind: str, hidden: torch.Tensor) -> float:
+        """A peer's reply timeout for this request: a few times its measured pace."""
+        return self.timeouts.timeout(f"{hop.peer_id}:{kind}", hidden.shape[0] * hidden.shape[1])
+
+    async def _timed(self, hop: Hop, kind: str, hidden: torch.Tensor,
+                     call: Coroutine[Any, Any, T]) -> T:  # fmt: skip
+        """Await `call` and feed its duration to the peer's timeouts."""
+        started = time.perf_counter()
+        result = await call
+        self.timeouts.observe(f"{hop.peer_id}:{kind}", hidden.shape[0] * hidden.shape[1],
+                              time.perf_counter() - started)  # fmt: skip
+        return result
+
     async def forward(
         self, hidden: torch.Tensor, start: int, end: int, *,
         attention_mask: torch.Tensor | None = None, prompts: torch.Tensor | None = None,
@@ -102,10 +120,11 @@ class RemoteClient:
             hops = await self.route(block, end)
             for hop in hops:
                 try:
-                    out = await transport.forward(
+                    out = await self._timed(hop, "forward", hidden, transport.forward(
                         self.http, hop, self.model_fingerprint, hidden, self.config,
                         attention_mask=attention_mask, prompts=slice_prompts(prompts, start, hop),
-                    )  # fmt: skip
+                        timeout_s=self._timeout(hop, "forward", hidden),
+                    ))  # fmt: skip
                 except DriftError as exc:
                     attempts = self.count_failure(exc, hop, attempts)
                     break
@@ -135,10 +154,11 @@ class RemoteClient:
         attempts = 0
         while True:
             try:
-                return await transport.backward(
+                return await self._timed(hop, "backward", inputs, transport.backward(
                     self.http, hop, self.model_fingerprint, inputs, grad, self.config,
                     attention_mask=mask, prompts=slice_prompts(prompts, start, hop),
-                )  # fmt: skip
+                    timeout_s=self._timeout(hop, "backward", inputs),
+                ))  # fmt: skip
             except DriftError as exc:
                 attempts = self.count_failure(exc, hop, attempts)
             # another server for exactly this span: forward through its chain, then backward

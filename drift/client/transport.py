@@ -17,6 +17,7 @@ import zstandard
 
 from drift.client.config import ClientConfig
 from drift.client.routing import Hop
+from drift.swarm.dial import peer_ssl
 from drift.wire import messages as m
 from drift.wire.auth import auth_headers, check_reply
 from drift.wire.errors import DriftError, PeerUnavailable, from_payload
@@ -32,8 +33,9 @@ def is_retryable(exc: BaseException) -> bool:
     return isinstance(exc, aiohttp.ClientError | asyncio.TimeoutError | ConnectionError)
 
 
-def _timeout(config: ClientConfig) -> aiohttp.ClientTimeout:
-    return aiohttp.ClientTimeout(total=config.request_timeout_s, connect=config.connect_timeout_s)
+def _timeout(config: ClientConfig, total_s: float | None = None) -> aiohttp.ClientTimeout:
+    total = config.request_timeout_s if total_s is None else total_s
+    return aiohttp.ClientTimeout(total=total, connect=config.connect_timeout_s)
 
 
 async def _raise_for_reply(resp: aiohttp.ClientResponse, hop: Hop) -> None:
@@ -69,11 +71,17 @@ async def post_frame(
     message: Any,
     reply_cls: Any,
     config: ClientConfig,
+    timeout_s: float | None = None,
 ) -> Any:
+    """POST a frame; the reply within `timeout_s` (default: config.request_timeout_s)."""
     data, headers = _body(message, config, f"/{route}", hop.peer_id)
     try:
         async with http.post(
-            f"{hop.addr}/{route}", data=data, headers=headers, timeout=_timeout(config)
+            f"{hop.addr}/{route}",
+            data=data,
+            headers=headers,
+            timeout=_timeout(config, timeout_s),
+            ssl=peer_ssl(hop.peer_id),
         ) as resp:
             await _raise_for_reply(resp, hop)
             body = await resp.read()
@@ -88,9 +96,10 @@ async def forward(
     http: aiohttp.ClientSession, hop: Hop, model: str, hidden: torch.Tensor,
     config: ClientConfig, *,
     attention_mask: torch.Tensor | None = None, prompts: torch.Tensor | None = None,
+    timeout_s: float | None = None,
 ) -> torch.Tensor:  # fmt: skip
     req = m.ForwardRequest(model, hop.start_block, hop.end_block, hidden, attention_mask, prompts)
-    reply = await post_frame(http, hop, "forward", req, m.ForwardResponse, config)
+    reply = await post_frame(http, hop, "forward", req, m.ForwardResponse, config, timeout_s)
     return reply.hidden_states
 
 
@@ -98,11 +107,12 @@ async def backward(
     http: aiohttp.ClientSession, hop: Hop, model: str, hidden: torch.Tensor,
     grad_outputs: torch.Tensor, config: ClientConfig, *,
     attention_mask: torch.Tensor | None = None, prompts: torch.Tensor | None = None,
+    timeout_s: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     req = m.BackwardRequest(
         model, hop.start_block, hop.end_block, hidden, grad_outputs, attention_mask, prompts
     )
-    reply = await post_frame(http, hop, "backward", req, m.BackwardResponse, config)
+    reply = await post_frame(http, hop, "backward", req, m.BackwardResponse, config, timeout_s)
     return reply.grad_inputs, reply.grad_prompts
 
 
@@ -123,7 +133,7 @@ class SpanSocket:
         headers = auth_headers(config.swarm_key, "GET", "/inference", peer_id=hop.peer_id)
         try:
             ws = await http.ws_connect(
-                url, headers=headers, max_msg_size=0,
+                url, headers=headers, max_msg_size=0, ssl=peer_ssl(hop.peer_id),
                 timeout=aiohttp.ClientWSTimeout(ws_receive=config.step_timeout_s,
                                                 ws_close=config.connect_timeout_s),
             )  # fmt: skip
@@ -145,10 +155,11 @@ class SpanSocket:
             raise
         return sock
 
-    async def _receive(self) -> aiohttp.WSMessage:
+    async def _receive(self, timeout_s: float | None = None) -> aiohttp.WSMessage:
+        timeout = self.config.step_timeout_s if timeout_s is None else timeout_s
         try:
             # receive's own timeout: no extra Task per step, as asyncio.wait_for would make
-            msg = await self.ws.receive(timeout=self.config.step_timeout_s)
+            msg = await self.ws.receive(timeout=timeout)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise PeerUnavailable(f"{self.hop.peer_id}: {exc!r}", peer_id=self.hop.peer_id) from exc
         if msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED,
@@ -166,15 +177,17 @@ class SpanSocket:
     async def step(
         self, hidden: torch.Tensor, position: int, *,
         hypo_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
-        prompts: torch.Tensor | None = None,
+        prompts: torch.Tensor | None = None, timeout_s: float | None = None,
     ) -> torch.Tensor:  # fmt: skip
+        """One step; PeerUnavailable if no reply comes within `timeout_s` (default: the
+        config's step_timeout_s)."""
         self._step_id += 1
         req = m.StepRequest(self._step_id, position, hidden, hypo_ids, attention_mask, prompts)
         try:
             await self.ws.send_bytes(m.encode(req))
         except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
             raise PeerUnavailable(f"{self.hop.peer_id}: {exc!r}", peer_id=self.hop.peer_id) from exc
-        msg = await self._receive()
+        msg = await self._receive(timeout_s)
         if msg.type == aiohttp.WSMsgType.TEXT:
             self._raise_if_error(orjson.loads(msg.data))
             raise PeerUnavailable(f"{self.hop.peer_id}: unexpected text reply to a step")

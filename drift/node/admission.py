@@ -44,11 +44,13 @@ class Admission:
         return merged
 
     def _known_here(self, record: PeerRecord) -> bool:
-        """Already verified at these addresses (or going offline: that needs no dial)."""
+        """Already verified at these addresses, going offline, or older than what is held:
+        the table decides without a dial."""
         held = self.table.get(record.peer_id)
         if held is None:
             return False
-        return record.state == "offline" or set(record.addrs) == set(held.addrs)
+        return (record.state == "offline" or record.seq <= held.seq
+                or set(record.addrs) == set(held.addrs))  # fmt: skip
 
     def _queue(self, record: PeerRecord, now: float) -> None:
         if record.state == "offline" or not record.addrs or record.expires_at <= now:

@@ -12,10 +12,11 @@ from drift.wire.version import __version__
 class NodeConfig:
     host: str = "127.0.0.1"  # listen address
     port: int = 0  # listen port; 0 = any free port
-    public_addrs: tuple[str, ...] = ()  # http://host:port URLs peers reach us at; () = derive
+    public_addrs: tuple[str, ...] = ()  # http(s)://host:port URLs peers reach us at; () = derive
     public_ip: str | None = None  # with public_addrs empty: announce http://<public_ip>:<port>
     initial_peers: tuple[JoinToken, ...] = ()  # seeds to join through
     swarm_key: str | None = None  # shared secret of a private swarm; None = open swarm
+    tls: bool = False  # serve TLS with a certificate bound to the identity (https:// records)
     gossip_interval_s: float = 5.0  # mean time between gossip rounds, seconds
     gossip_jitter: float = 0.25  # each wait is interval * (1 +- jitter)
     fanout: int = 3  # random live peers contacted per round

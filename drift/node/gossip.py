@@ -19,6 +19,7 @@ import aiohttp
 import orjson
 
 from drift.identity import Identity, verify_signature
+from drift.swarm.dial import is_wrong_peer, peer_ssl
 from drift.swarm.reader import read_limited
 from drift.swarm.record import MAX_RECORD_BYTES
 from drift.wire.auth import auth_headers, check_reply
@@ -89,11 +90,15 @@ async def exchange(
             data=payload,
             headers=headers,
             timeout=aiohttp.ClientTimeout(total=timeout_s),
+            ssl=peer_ssl(expect_peer_id),
         ) as resp:
             raw = await read_limited(resp, gossip_body_limit(max_records))
             status = resp.status
             reply_headers = resp.headers
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        if is_wrong_peer(exc):
+            raise Forbidden(f"{url} is not peer {expect_peer_id}: its TLS certificate proves "
+                            "another identity (a man in the middle?)") from exc  # fmt: skip
         raise PeerUnavailable(f"gossip with {url} failed: {exc!r}") from exc
     try:
         reply = orjson.loads(raw)

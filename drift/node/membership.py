@@ -79,7 +79,8 @@ class MembershipNode:
             host = self.config.public_ip or self.config.host
             if host in ("", "0.0.0.0", "::"):
                 host = _local_ip()
-            addrs = [f"http://{format_hostport(host, port)}"]
+            scheme = "https" if self.config.tls else "http"
+            addrs = [f"{scheme}://{format_hostport(host, port)}"]
         self.announce(addrs=addrs)
         self.bound.set()
 
@@ -112,9 +113,10 @@ class MembershipNode:
         """Our token, from the first announced address."""
         if not self.addrs:
             raise RuntimeError("node is not bound yet")
-        hostport = self.addrs[0].split("://", 1)[-1].rstrip("/")
+        scheme, _, hostport = self.addrs[0].rstrip("/").rpartition("://")
         host, _, port = hostport.rpartition(":")
-        return JoinToken(self.peer_id, host.strip("[]"), int(port), self.config.swarm_key)
+        return JoinToken(self.peer_id, host.strip("[]"), int(port), self.config.swarm_key,
+                         tls=scheme == "https")  # fmt: skip
 
     # -- views ------------------------------------------------------------------------
     def live_records(self) -> list[PeerRecord]:

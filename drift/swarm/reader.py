@@ -20,6 +20,7 @@ import orjson
 
 from drift.identity import JoinToken
 from drift.swarm.coverage import Coverage, all_coverages
+from drift.swarm.dial import is_wrong_peer, peer_ssl
 from drift.swarm.record import PeerRecord
 from drift.swarm.table import MembershipTable
 from drift.wire.auth import auth_headers, check_reply
@@ -56,12 +57,15 @@ async def fetch_table(
     timeout = aiohttp.ClientTimeout(total=timeout_s, connect=connect_timeout_s)
     sent = auth_headers(swarm_key, "GET", SWARM_PATH, peer_id=expect_peer_id)
     try:
-        async with http.get(url.rstrip("/") + SWARM_PATH, timeout=timeout,
-                            headers=sent) as resp:  # fmt: skip
+        async with http.get(url.rstrip("/") + SWARM_PATH, timeout=timeout, headers=sent,
+                            ssl=peer_ssl(expect_peer_id)) as resp:  # fmt: skip
             body = await read_limited(resp, MAX_TABLE_BYTES)
             status = resp.status
             headers = resp.headers
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        if is_wrong_peer(exc):
+            raise PeerUnavailable(f"the node at {url} is not {expect_peer_id}: its TLS "
+                                  "certificate proves another identity") from exc  # fmt: skip
         raise PeerUnavailable(f"cannot read {url}{SWARM_PATH}: {exc!r}") from exc
     try:
         data = orjson.loads(body)
