@@ -12,7 +12,8 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class ClientConfig:
     connect_timeout_s: float = 5.0  # opening a TCP connection / WebSocket handshake
-    request_timeout_s: float = 60.0  # one /forward, /backward or /swarm request end to end
+    request_timeout_s: float = 60.0  # one /forward or /backward request end to end (at most)
+    table_timeout_s: float = 5.0  # one read of a member's table (GET /swarm) end to end
     # One inference step's reply on a session WebSocket (and a /forward or /backward reply):
     # step_timeout_factor x what that peer's replies of that size have taken, within
     # [min_step_timeout_s, step_timeout_s]; step_timeout_s for a peer not measured yet.

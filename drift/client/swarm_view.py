@@ -44,10 +44,15 @@ class SwarmView:
         self._lock = asyncio.Lock()
 
     def _sources(self) -> list[tuple[str, str]]:
-        """(url, expected peer id) to read the table from: live records first, then seeds."""
-        out = [(r.addrs[0].rstrip("/"), r.peer_id) for r in self.table.live(time.time())
-               if r.state == "online" and r.addrs and not self.bans.is_banned(r.peer_id)]  # fmt: skip
-        return out + [(t.url, t.peer_id) for t in self.initial_peers]
+        """(url, expected peer id) to read the table from: live records first, then members
+        whose records expired while this client was idle (they may well still run), then
+        the seeds: losing the initial peers costs nothing."""
+        live = {r.peer_id for r in self.table.live(time.time())}
+        known = sorted((r for r in self.table.records() if r.state != "offline" and r.addrs
+                        and not self.bans.is_banned(r.peer_id)),
+                       key=lambda r: r.peer_id not in live)  # fmt: skip
+        return ([(r.addrs[0].rstrip("/"), r.peer_id) for r in known]
+                + [(t.url, t.peer_id) for t in self.initial_peers])  # fmt: skip
 
     async def refresh(self, *, force: bool = False) -> None:
         async with self._lock:
@@ -58,7 +63,7 @@ class SwarmView:
                 try:
                     reply = await fetch_table(
                         self.http, url, expect_peer_id=peer_id, swarm_key=self.swarm_key,
-                        timeout_s=self.config.request_timeout_s,
+                        timeout_s=self.config.table_timeout_s,
                         connect_timeout_s=self.config.connect_timeout_s,
                     )  # fmt: skip
                 except (Unauthorized, Forbidden):

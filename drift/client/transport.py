@@ -132,11 +132,13 @@ class SpanSocket:
         url = f"{hop.addr}/inference"
         headers = auth_headers(config.swarm_key, "GET", "/inference", peer_id=hop.peer_id)
         try:
-            ws = await http.ws_connect(
+            # the handshake (TCP, TLS, HTTP upgrade) within connect_timeout_s: a frozen
+            # server accepts the TCP connection in its kernel and then says nothing
+            ws = await asyncio.wait_for(http.ws_connect(
                 url, headers=headers, max_msg_size=0, ssl=peer_ssl(hop.peer_id),
                 timeout=aiohttp.ClientWSTimeout(ws_receive=config.step_timeout_s,
                                                 ws_close=config.connect_timeout_s),
-            )  # fmt: skip
+            ), config.connect_timeout_s)  # fmt: skip
         except aiohttp.WSServerHandshakeError as exc:
             raise from_payload(None, exc.status) from exc
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
@@ -144,7 +146,8 @@ class SpanSocket:
         sock = cls(hop, ws, config)
         try:
             await ws.send_str(orjson.dumps(request.to_wire()).decode())
-            msg = await sock._receive()
+            # reserving a cache is quick: a server that does not answer soon is not well
+            msg = await sock._receive(config.connect_timeout_s + config.min_step_timeout_s)
             if msg.type != aiohttp.WSMsgType.TEXT:
                 raise PeerUnavailable(f"{hop.peer_id}: expected session_opened, got {msg.type}")
             obj = orjson.loads(msg.data)

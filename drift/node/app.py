@@ -110,6 +110,7 @@ async def _membership_ctx(app: web.Application) -> AsyncIterator[None]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        await node.cancel_inflight()
         try:
             await node.leave()
         finally:

@@ -56,6 +56,7 @@ class MembershipNode:
         self._first_seq = 0  # our first seq this run: later records of our id are a twin's
         self._twin_warned_at = float("-inf")
         self._conflicts_logged: set[str] = set()
+        self._inflight: dict[str, asyncio.Task[Any]] = {}  # background exchanges, by peer id
         self._fields: dict[str, Any] = default_fields(identity.peer_id, [], config.version)
         self.record: PeerRecord | None = None
         self.port: int | None = None
@@ -269,21 +270,38 @@ class MembershipNode:
 
     async def gossip_round(self) -> None:
         """Re-sign our record, drop expired ones, exchange with a few random live peers (and
-        a seed), dial records waiting for admission."""
+        a seed), dial records waiting for admission. Waits at most one gossip interval: a
+        slow or frozen peer's exchange goes on in the background (never two at once with one
+        peer) instead of holding back the next re-signing."""
         self._resign()
         self.table.expire(self.clock())
-        targets = self._targets()
-        if not self.table.live(self.clock()) and not self.joined:
+        if not self.joined and self.config.initial_peers:
             await self._join_any()
-            targets = []
-        results = await asyncio.gather(
-            *(self.exchange_with(url, pid) for url, pid in targets), self.dial_pending(),
-            return_exceptions=True,
-        )  # fmt: skip
-        for (_, pid), res in zip(targets, results, strict=False):
-            if isinstance(res, Exception):
-                log.debug("gossip with %s failed: %s", pid, res)
+        targets = [(url, pid) for url, pid in self._targets() if pid not in self._inflight]
+        tasks = [self._spawn(pid, self._exchange_logged(url, pid)) for url, pid in targets]
+        tasks.append(self._spawn(None, self.dial_pending()))
+        await asyncio.wait(tasks, timeout=self.config.gossip_interval_s)
         self.rounds += 1
+
+    def _spawn(self, peer_id: str | None, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro)
+        key = peer_id if peer_id is not None else f"dial-{id(task)}"
+        self._inflight[key] = task
+        task.add_done_callback(lambda _t: self._inflight.pop(key, None))
+        return task
+
+    async def _exchange_logged(self, url: str, peer_id: str) -> None:
+        try:
+            await self.exchange_with(url, peer_id)
+        except DriftError as exc:
+            log.debug("gossip with %s failed: %s", peer_id, exc)
+
+    async def cancel_inflight(self) -> None:
+        """Stop the exchanges still running in the background (before leaving)."""
+        tasks = list(self._inflight.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def run_gossip(self) -> None:
         """Forever: wait for the port, join, then gossip every interval (jittered)."""
