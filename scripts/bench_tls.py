@@ -2,9 +2,9 @@
 
 Two real servers of a SmolLM2-sized span (random weights from SmolLM2's config, or the real
 checkpoint with --model <dir>) on 127.0.0.1, one plain and one TLS (certificate bound to its
-identity, checked by the client against the peer id as the SDK does). Interleaved reps: a
-session with a prompt and N decode steps on each, then a /forward of a long input on each;
-prints medians and the TLS / plain ratio.
+identity, checked by the client against the peer id as the SDK does). Each rep: a session
+on each with a prompt, then N decode steps alternating plain / TLS step by step, then a
+/forward of a long input on each; prints medians and the TLS / plain ratio.
 
     OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python scripts/bench_tls.py --steps 40 --reps 5
 """
@@ -32,25 +32,35 @@ from scripts.bench_server import SMOLLM2_CONFIG  # noqa: E402
 from tests.server.harness import RunningServer, start_block_server  # noqa: E402
 
 
-async def session_steps(http: aiohttp.ClientSession, server: RunningServer, prompt: int,
-                        steps: int) -> list[float]:  # fmt: skip
-    """Seconds of each decode step of one session (the prompt step is not counted)."""
+async def open_session(http: aiohttp.ClientSession, server: RunningServer, prompt: int,
+                       steps: int) -> SpanSocket:  # fmt: skip
+    """A session on `server` (over the SDK's transport, TLS checked as the SDK checks it)
+    holding a prompt of `prompt` tokens."""
     b = server.server.backend
     hop = Hop(server.node.peer_id, server.node.addrs[0], b.start_block, b.end_block)
-    config = ClientConfig()
     opened = m.OpenSession(b.fingerprint, b.start_block, b.end_block, prompt + steps, 1,
                            "float32")  # fmt: skip
-    sock = await SpanSocket.open(http, hop, opened, config)
+    sock = await SpanSocket.open(http, hop, opened, ClientConfig())
+    await sock.step(torch.randn(1, prompt, b.hidden_size), 0)
+    return sock
+
+
+async def paired_steps(http: aiohttp.ClientSession, servers: dict[str, RunningServer],
+                       prompt: int, steps: int) -> dict[str, list[float]]:  # fmt: skip
+    """Seconds of each decode step, plain and TLS alternating step by step (same load)."""
+    socks = {name: await open_session(http, s, prompt, steps) for name, s in servers.items()}
+    times: dict[str, list[float]] = {name: [] for name in servers}
     try:
-        await sock.step(torch.randn(1, prompt, b.hidden_size), 0)
-        times = []
         for i in range(steps):
-            t0 = time.perf_counter()
-            await sock.step(torch.randn(1, 1, b.hidden_size), prompt + i)
-            times.append(time.perf_counter() - t0)
-        return times
+            for name, sock in socks.items():
+                hidden = torch.randn(1, 1, servers[name].server.backend.hidden_size)
+                t0 = time.perf_counter()
+                await sock.step(hidden, prompt + i)
+                times[name].append(time.perf_counter() - t0)
     finally:
-        await sock.close()
+        for sock in socks.values():
+            await sock.close()
+    return times
 
 
 async def one_forward(http: aiohttp.ClientSession, server: RunningServer, tokens: int) -> float:
@@ -75,9 +85,9 @@ async def bench(model: Path, blocks: int, prompt: int, steps: int, reps: int,
     try:
         async with aiohttp.ClientSession() as http:
             for _ in range(reps):
+                for name, times in (await paired_steps(http, servers, prompt, steps)).items():
+                    step[name].append(statistics.median(times))
                 for name, server in servers.items():  # interleaved: the same load for both
-                    step[name].append(statistics.median(
-                        await session_steps(http, server, prompt, steps)))  # fmt: skip
                     fwd[name].append(await one_forward(http, server, tokens))
     finally:
         for server in servers.values():
