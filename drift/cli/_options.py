@@ -121,7 +121,7 @@ def add_node_options(p: argparse.ArgumentParser, *, join_alias: bool = False,
     tls.add_argument("--tls", action="store_true", default=None,
                      help=f"serve TLS with a certificate bound to this node's identity, checked by "
                           f"every peer and client against its peer id {on}".rstrip())  # fmt: skip
-    tls.add_argument("--plain_http", dest="tls", action="store_false",
+    tls.add_argument("--plain_http", dest="tls", action="store_false", default=None,
                      help=f"serve plain HTTP, e.g. for curl; traffic is not encrypted {off}"
                      .rstrip())  # fmt: skip
     p.set_defaults(tls_default=tls_default)
