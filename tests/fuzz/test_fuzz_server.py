@@ -57,7 +57,9 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         ws = await http.ws_connect(running.url + path, headers=auth_headers(
             KEY, "GET", path, peer_id=running.node.peer_id))  # fmt: skip
         fp = running.server.backend.fingerprint
-        await ws.send_str(orjson.dumps(m.OpenSession(fp, 0, 2, 32, 1, "float32").to_wire()).decode())
+        await ws.send_str(
+            orjson.dumps(m.OpenSession(fp, 0, 2, 32, 1, "float32").to_wire()).decode()
+        )
         assert orjson.loads((await ws.receive()).data)["type"] == "session_opened"
         history = torch.randn(1, 3, H)
         await ws.send_bytes(m.encode(m.StepRequest(1, 0, history)))
@@ -104,16 +106,33 @@ small_ints = st.integers(-3, 80)
 ws_messages = st.one_of(
     st.text(max_size=200),
     st.binary(max_size=300),
-    json_values.map(lambda v: orjson.dumps(v, option=orjson.OPT_NON_STR_KEYS).decode()
-                    if _dumpable(v) else "{}"),  # fmt: skip
-    st.dictionaries(st.sampled_from(["model", "start_block", "end_block", "max_length",
-                                     "batch_size", "dtype", "type", "version"]),
-                    st.one_of(small_ints, st.text(max_size=8), st.none()),
-                    max_size=4).map(_open_msg),  # fmt: skip
+    json_values.map(
+        lambda v: orjson.dumps(v, option=orjson.OPT_NON_STR_KEYS).decode() if _dumpable(v) else "{}"
+    ),  # fmt: skip
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "model",
+                "start_block",
+                "end_block",
+                "max_length",
+                "batch_size",
+                "dtype",
+                "type",
+                "version",
+            ]
+        ),
+        st.one_of(small_ints, st.text(max_size=8), st.none()),
+        max_size=4,
+    ).map(_open_msg),  # fmt: skip
     st.just(orjson.dumps({"type": "close", "version": PROTOCOL_VERSION}).decode()),
-    st.builds(_step_frame, small_ints, small_ints,
-              st.sampled_from([(1, 1, H), (1, 4, H), (2, 1, H), (1, 1, H + 1), (1, 70, H)]),
-              st.sampled_from([torch.float32, torch.float16, torch.bfloat16])),  # fmt: skip
+    st.builds(
+        _step_frame,
+        small_ints,
+        small_ints,
+        st.sampled_from([(1, 1, H), (1, 4, H), (2, 1, H), (1, 1, H + 1), (1, 70, H)]),
+        st.sampled_from([torch.float32, torch.float16, torch.bfloat16]),
+    ),  # fmt: skip
 )
 
 
