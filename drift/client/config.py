@@ -6,7 +6,7 @@ environment. Units are in the field names (`_s` seconds).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -27,4 +27,4 @@ class ClientConfig:
     rtt_default_s: float = 0.01  # assumed round trip for a server not measured yet
     cache_penalty_s: float = 10.0  # added latency for a server short of KV-cache room
     compress_min_bytes: int = 1 << 20  # zstd-compress frames bigger than this (0 = never)
-    swarm_key: str | None = None  # private swarm secret (HMAC X-Drift-Auth); None = open
+    swarm_key: str | None = field(default=None, repr=False)  # private swarm secret; None: open

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import parse_qs, quote
 
 from drift.identity.keys import public_key_from_peer_id
@@ -52,7 +52,7 @@ class JoinToken:
     peer_id: str
     host: str
     port: int
-    swarm_key: str | None = None
+    swarm_key: str | None = field(default=None, repr=False)  # a secret: never in a repr
     tls: bool = True  # the node speaks TLS with a certificate proving peer_id (False: plain)
 
     @property
@@ -74,7 +74,8 @@ class JoinToken:
         return f"/{_host_kind(self.host)}/{self.host}/tcp/{self.port}{plain}/p2p/{self.peer_id}"
 
     def __str__(self) -> str:
-        return self.to_drift()
+        """The token without its key (a str() may end up in a log); to_drift() has it."""
+        return self.to_drift(with_key=False)
 
 
 def format_hostport(host: str, port: int) -> str:

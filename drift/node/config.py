@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from drift.identity import JoinToken
 from drift.wire.version import __version__
@@ -15,7 +15,7 @@ class NodeConfig:
     public_addrs: tuple[str, ...] = ()  # http(s)://host:port URLs peers reach us at; () = derive
     public_ip: str | None = None  # with public_addrs empty: announce http://<public_ip>:<port>
     initial_peers: tuple[JoinToken, ...] = ()  # seeds to join through
-    swarm_key: str | None = None  # shared secret of a private swarm; None = open swarm
+    swarm_key: str | None = field(default=None, repr=False)  # private swarm secret; None: open
     tls: bool = False  # serve TLS with a certificate bound to the identity (https:// records)
     gossip_interval_s: float = 5.0  # mean time between gossip rounds, seconds
     gossip_jitter: float = 0.25  # each wait is interval * (1 +- jitter)
