@@ -2,9 +2,10 @@
 
 A veth pair joins a fresh namespace to this one on a /30 of 10.231.<n>.0 made for the
 test (no other address is touched): the seed and replica B listen on the root side, server
-A inside the namespace. The link to A goes down mid-generation: packets vanish without a
-reset, so the client leaves A after a few of its step times and finishes on B with the same
-tokens; the link comes back up and A is back in the swarm. Needs root and `ip netns`.
+A inside the namespace. A serves alone until the session runs on it, then B joins; the link
+to A goes down mid-generation: packets vanish without a reset, so the client leaves A after
+a few of its step times and finishes on B with the same tokens; the link comes back up and
+A is back in the swarm. Needs root and `ip netns`.
 """
 
 from __future__ import annotations
@@ -104,9 +105,11 @@ def test_link_down_mid_generation_fails_over_and_comes_back(net: Net, tmp_path: 
             model_dir, initial_peers=str(seed.token), client_config=config
         )
         assert torch.equal(model.generate(ids, max_new_tokens=16, do_sample=False), ref)
-        b.start()  # the replica comes up; A is measured and fast, so it stays in use
-        wait_online(seed.token, {a.peer_id, b.peer_id})  # type: ignore[arg-type]
         cut: list[float] = []
+
+        def bring_up_the_replica() -> None:  # the session runs on A, the only server yet
+            b.start()
+            wait_online(seed.token, {a.peer_id, b.peer_id})  # type: ignore[arg-type]
 
         def cut_the_link() -> None:
             (span,) = model._owned[0].session.spans
@@ -114,9 +117,9 @@ def test_link_down_mid_generation_fails_over_and_comes_back(net: Net, tmp_path: 
             net.link(up=False)
             cut.append(time.monotonic())
 
-        out = model.generate(ids, max_new_tokens=16, do_sample=False,
-                             logits_processor=LogitsProcessorList([_At(6, cut_the_link)]))  # fmt: skip
-        assert cut and time.monotonic() - cut[0] < 20
+        hooks = LogitsProcessorList([_At(3, bring_up_the_replica), _At(6, cut_the_link)])
+        out = model.generate(ids, max_new_tokens=16, do_sample=False, logits_processor=hooks)
+        assert cut and time.monotonic() - cut[0] < 30
         assert torch.equal(out, ref)
         assert model.client.bans.is_banned(a.peer_id)
         wait_online(seed.token, {b.peer_id}, absent={a.peer_id})  # type: ignore[arg-type]
