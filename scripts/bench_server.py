@@ -58,10 +58,10 @@ class StepTimers:
             finally:
                 self.step.append(time.perf_counter() - t0)
 
-        def compute(manager: Any, session: Any, req: Any) -> Any:
+        def compute(manager: Any, *args: Any) -> Any:
             t0 = time.perf_counter()
             try:
-                return orig_compute(manager, session, req)
+                return orig_compute(*args)
             finally:
                 self.compute.append(time.perf_counter() - t0)
 

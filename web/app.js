@@ -62,9 +62,8 @@ function renderNode(snapshot) {
   if (blocks) text += ` · serves ${blocks.model || ""} ${spanText(blocks)}`;
   info.textContent = text;
   const addr = own && own.addrs.length ? own.addrs[0] : location.origin;
-  state.joinText = joinCommand(snapshot.coverage.model, swarm.peer_id, addr, state.key);
-  $("join-command").textContent = state.key
-    ? joinCommand(snapshot.coverage.model, swarm.peer_id, addr, "…") : state.joinText;
+  state.joinText = joinCommand(snapshot.coverage.model, swarm.peer_id, addr, Boolean(state.key));
+  $("join-command").textContent = state.joinText;
 }
 
 function render(snapshot) {

@@ -41,8 +41,11 @@ export function expiresIn(expiresAt, now) {
 }
 
 // `drift up <model> --join drift://<peer_id>@<host>:<port>[?key=...]` from the node's own record.
-export function joinCommand(model, peerId, addr, key) {
+// The command another machine runs to join. The key itself is never part of it: a private
+// swarm's joiners pass a copy of its key file.
+export function joinCommand(model, peerId, addr, isPrivate) {
   const where = hostPort(addr);
-  const query = key ? `?key=${encodeURIComponent(key)}` : "";
-  return `drift up ${model || "<model>"} --join drift://${peerId}@${where}${query}`;
+  const plain = addr.startsWith("http://") ? "?tls=off" : "";
+  const key = isPrivate ? " --swarm_key_file swarm.key" : "";
+  return `drift up ${model || "<model>"} --join drift://${peerId}@${where}${plain}${key}`;
 }

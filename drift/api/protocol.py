@@ -23,6 +23,7 @@ from drift.api.messages import (
 from drift.wire.errors import BadRequest
 
 MAX_N = 16  # choices per request
+MAX_PROMPTS = 16  # prompts per completions request (each is a row of generation)
 MAX_STOP = 4  # stop strings per request, as OpenAI
 MAX_TOP_LOGPROBS = 20
 
@@ -236,6 +237,8 @@ def parse_chat(body: Any) -> ChatRequest:
 
 def _prompts(body: dict[str, Any]) -> tuple[str | tuple[int, ...], ...]:
     prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) > MAX_PROMPTS and not isinstance(prompt[0], int):
+        raise _bad("prompt", f"'prompt' takes at most {MAX_PROMPTS} prompts, got {len(prompt)}")
     if isinstance(prompt, str):
         return (prompt,)
     if isinstance(prompt, list) and prompt:

@@ -2,7 +2,7 @@
 
 `add_node_options` is every swarm member's network/identity set (drift dht, server, up);
 the `add_*` helpers below are the single definitions of --model, --initial_peers,
---swarm_key, --cache_dir, --torch_dtype and --device. `listen_address` resolves
+--swarm_key(_file), --cache_dir, --torch_dtype and --device. `listen_address` resolves
 --host/--port/--host_maddrs. Pure argparse; nothing here starts anything.
 """
 
@@ -19,7 +19,11 @@ INITIAL_PEERS_HELP = (
     "join token (drift://<peer_id>@<host>:<port>) or multiaddr of a swarm member; several: "
     "comma-separated or the flag repeated"
 )
-SWARM_KEY_HELP = "secret of a private swarm (default: the ?key= of a join token, else none)"
+SWARM_KEY_HELP = (
+    "secret of a private swarm; shows in the process list, so prefer --swarm_key_file or "
+    "$DRIFT_SWARM_KEY (default: $DRIFT_SWARM_KEY, else the ?key= of a join token, else none)"
+)
+SWARM_KEY_FILE_HELP = "file holding the swarm key (first line), e.g. a copy of drift up's swarm.key"
 CACHE_DIR_HELP = (
     "DRIFT's cache dir: converted models, throughput measurements, drift up's identity, "
     "process records for drift down (default: $DRIFT_CACHE or ~/.cache/drift)"
@@ -55,7 +59,9 @@ def split_tokens(text: str) -> list[str]:
 
 
 def add_swarm_key(p: argparse.ArgumentParser) -> None:
+    """--swarm_key and --swarm_key_file (read by drift.cli._secrets.swarm_key_from)."""
     p.add_argument("--swarm_key", default=None, help=SWARM_KEY_HELP)
+    p.add_argument("--swarm_key_file", default=None, help=SWARM_KEY_FILE_HELP)
 
 
 def add_cache_dir(p: argparse.ArgumentParser) -> None:
@@ -70,8 +76,10 @@ def add_device(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
 
 
-def add_node_options(p: argparse.ArgumentParser, *, join_alias: bool = False) -> None:
-    """The options every swarm member takes (drift dht / server / up), identical in each."""
+def add_node_options(p: argparse.ArgumentParser, *, join_alias: bool = False,
+                     tls_default: bool = False) -> None:  # fmt: skip
+    """The options every swarm member takes (drift dht / server / up), identical in each but
+    for the TLS default (on for drift up): `tls_enabled(args)` reads --tls / --plain_http."""
     p.add_argument(
         "--host",
         default=DEFAULT_HOST,
@@ -108,6 +116,15 @@ def add_node_options(p: argparse.ArgumentParser, *, join_alias: bool = False) ->
     )
     add_initial_peers(p, join_alias=join_alias)
     add_swarm_key(p)
+    tls = p.add_mutually_exclusive_group()
+    on, off = ("(the default)", "") if tls_default else ("", "(the default)")
+    tls.add_argument("--tls", action="store_true", default=None,
+                     help=f"serve TLS with a certificate bound to this node's identity, checked by "
+                          f"every peer and client against its peer id {on}".rstrip())  # fmt: skip
+    tls.add_argument("--plain_http", dest="tls", action="store_false", default=None,
+                     help=f"serve plain HTTP, e.g. for curl; traffic is not encrypted {off}"
+                     .rstrip())  # fmt: skip
+    p.set_defaults(tls_default=tls_default)
     p.add_argument("--gossip_interval", type=float, default=5.0,
                    help="mean seconds between gossip rounds (default: 5)")  # fmt: skip
     p.add_argument("--record_ttl", type=float, default=30.0,
@@ -115,6 +132,11 @@ def add_node_options(p: argparse.ArgumentParser, *, join_alias: bool = False) ->
     p.add_argument("--fanout", type=int, default=3,
                    help="peers contacted per gossip round (default: 3)")  # fmt: skip
     add_cache_dir(p)
+
+
+def tls_enabled(args: argparse.Namespace) -> bool:
+    """--tls / --plain_http, else the command's default."""
+    return bool(args.tls_default if args.tls is None else args.tls)
 
 
 def listen_address(args: argparse.Namespace) -> tuple[str, int]:

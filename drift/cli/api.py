@@ -19,6 +19,7 @@ from drift.cli._options import (
     add_swarm_key,
     add_torch_dtype,
 )
+from drift.cli._secrets import api_keys_from, swarm_key_from
 from drift.wire.errors import DriftError
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     p.add_argument("--api_key", action="append", default=[],
-                   help="accepted 'Authorization: Bearer' key; repeat for several")  # fmt: skip
+                   help="accepted 'Authorization: Bearer' key; repeat for several (shows in the "
+                        "process list: prefer --api_key_file or $DRIFT_API_KEY, comma-separated)")  # fmt: skip
+    p.add_argument("--api_key_file", default=None,
+                   help="file of accepted API keys, one per line")  # fmt: skip
     p.add_argument("--no_auth", action="store_true", help="accept requests without any API key")
     p.add_argument("--served_model_name", default=None,
                    help="the model id clients send (default: MODEL as given)")  # fmt: skip
@@ -84,16 +88,22 @@ def _engine(args: argparse.Namespace, model_id: str) -> Any:
     from drift.identity.tokens import parse_join_tokens
 
     tokens = parse_join_tokens(args.initial_peers)
-    model, tokenizer = load_client(args.model, tokens, swarm_key=args.swarm_key,
+    key = swarm_key_from(args.swarm_key, args.swarm_key_file, tokens)
+    model, tokenizer = load_client(args.model, tokens, swarm_key=key,
                                    cache_dir=args.cache_dir, torch_dtype=args.torch_dtype)  # fmt: skip
     return swarm_engine(model, tokenizer, model_id=model_id)
 
 
 def _check(args: argparse.Namespace) -> str | None:
+    try:
+        api_keys = api_keys_from(args.api_key, args.api_key_file)
+    except DriftError as exc:
+        return exc.message
     if not args.local and not args.initial_peers:
         return "give --initial_peers (join tokens of the swarm), or --local"
-    if not args.api_key and not args.no_auth:
-        return "give at least one --api_key (or --no_auth to serve without keys)"
+    if not api_keys and not args.no_auth:
+        return ("give at least one API key: --api_key_file, $DRIFT_API_KEY or --api_key "
+                "(or --no_auth to serve without keys)")  # fmt: skip
     if min(args.max_concurrent, args.default_max_tokens, args.max_batch) < 1 or args.queue_size < 0:
         return (
             "--max_concurrent, --max_batch and --default_max_tokens must be >= 1, --queue_size >= 0"
@@ -114,9 +124,10 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"drift api: {problem}", file=sys.stderr)
         return 2
+    api_keys = api_keys_from(args.api_key, args.api_key_file)
     model_id = args.served_model_name or args.model
     config = ApiConfig(
-        api_keys=tuple(args.api_key),
+        api_keys=api_keys,
         service=ServiceConfig(max_concurrent=args.max_concurrent, queue_size=args.queue_size,
                               default_max_tokens=args.default_max_tokens,
                               max_batch=args.max_batch),

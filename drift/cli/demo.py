@@ -96,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         token = None
         for i, (start, end) in enumerate(spans):
-            cmd = ["up", args.model, "--host", "127.0.0.1", "--port", "0",
+            # loopback only: plain HTTP, so the printed dashboard opens without a warning
+            cmd = ["up", args.model, "--host", "127.0.0.1", "--port", "0", "--plain_http",
                    "--block_indices", f"{start}:{end}", "--identity_path", str(work / f"{i}.key"),
                    "--cache_dir", str(cache), "--quant_type", args.quant_type]  # fmt: skip
             if token:

@@ -11,9 +11,11 @@ from __future__ import annotations
 import argparse
 import logging
 
-from drift.cli._options import add_node_options, listen_address
+from drift.cli._identity import NodeIdentity, open_node_identity
+from drift.cli._options import add_node_options, listen_address, tls_enabled
+from drift.cli._secrets import swarm_key_from
 from drift.cli.procs import exit_on_sigterm, process_record
-from drift.identity import Identity, format_hostport, load_or_create_identity, parse_join_tokens
+from drift.identity import format_hostport, parse_join_tokens
 from drift.identity.tokens import parse_multiaddr
 from drift.node import MembershipNode, NodeConfig, RunningApp, build_node_app, run_node
 from drift.paths import resolve_cache_dir
@@ -25,12 +27,13 @@ log = logging.getLogger("drift.dht")
 def node_config_from_args(args: argparse.Namespace) -> NodeConfig:
     """Validated NodeConfig from the parsed options (BadRequest naming the bad value)."""
     host, port = listen_address(args)
+    tls = tls_enabled(args)
     public_addrs = []
     for maddr in args.announce_maddrs:
         a_host, a_port, _ = parse_multiaddr(maddr, need_peer_id=False)
-        public_addrs.append(f"http://{format_hostport(a_host, a_port)}")
+        public_addrs.append(f"{'https' if tls else 'http'}://{format_hostport(a_host, a_port)}")
     tokens = parse_join_tokens(args.initial_peers)
-    swarm_key = args.swarm_key or next((t.swarm_key for t in tokens if t.swarm_key), None)
+    swarm_key = swarm_key_from(args.swarm_key, args.swarm_key_file, tokens)
     if args.gossip_interval <= 0 or args.record_ttl <= args.gossip_interval or args.fanout < 1:
         raise SystemExit(
             "need --gossip_interval > 0, --record_ttl > --gossip_interval, --fanout >= 1"
@@ -42,17 +45,20 @@ def node_config_from_args(args: argparse.Namespace) -> NodeConfig:
         public_ip=args.public_ip,
         initial_peers=tokens,
         swarm_key=swarm_key,
+        tls=tls,
         gossip_interval_s=args.gossip_interval,
         record_ttl_s=args.record_ttl,
         fanout=args.fanout,
     )
 
 
-def load_identity(path: str | None) -> Identity:
-    if path is None:
-        log.warning("no --identity_path: using a new identity (the peer id changes every start)")
-        return Identity.generate()
-    return load_or_create_identity(path)
+def node_identity(args: argparse.Namespace, *, fallback: bool = False) -> NodeIdentity:
+    """The locked identity of a node command (drift.cli._identity), its choice logged."""
+    cache = resolve_cache_dir(args.cache_dir)
+    chosen = open_node_identity(args.identity_path, cache_dir=cache, fallback=fallback)
+    if chosen.note:
+        log.warning("%s", chosen.note)
+    return chosen
 
 
 def log_join_info(node: MembershipNode, running: RunningApp) -> None:
@@ -68,15 +74,14 @@ def log_join_info(node: MembershipNode, running: RunningApp) -> None:
     log.info("join token: %s", token.to_drift(with_key=False))
     log.info("multiaddr: %s", token.to_multiaddr())
     if node.config.swarm_key:
-        log.info(
-            "private swarm: joiners need the swarm key (--swarm_key or ?key=<key> in the token)"
-        )
+        log.info("private swarm: joiners need the swarm key (--swarm_key_file, $DRIFT_SWARM_KEY "
+                 "or --swarm_key)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         config = node_config_from_args(args)
-        node = MembershipNode(load_identity(args.identity_path), config)
+        node = MembershipNode(node_identity(args).identity, config)
     except DriftError as exc:
         log.error("%s", exc.message)
         return 2
@@ -86,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
         exit_on_sigterm()  # until the node runs, SIGTERM (drift down) ends it through `finally`
 
         def started(running: RunningApp) -> None:
-            rec.update(port=running.port, extra={"join_token": str(node.join_token())})
+            token = node.join_token().to_drift(with_key=False)
+            rec.update(port=running.port, extra={"join_token": token})
             log_join_info(node, running)
 
         run_node(app, config.host, config.port, on_started=started)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from drift.cli._options import add_cache_dir, add_initial_peers, add_swarm_key, add_torch_dtype
+from drift.cli._secrets import swarm_key_from
 from drift.identity.tokens import JoinToken, parse_join_tokens
 from drift.swarm.reader import read_swarm_blocking
 from drift.wire.errors import BadRequest, DriftError
@@ -140,12 +141,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         tokens = parse_join_tokens(args.initial_peers)
-        model_name = args.model or swarm_model_name(tokens, args.swarm_key)
+        key = swarm_key_from(args.swarm_key, args.swarm_key_file, tokens)
+        model_name = args.model or swarm_model_name(tokens, key)
         print(f"loading the client side of {model_name} ...", file=sys.stderr, flush=True)
         model, tokenizer = load_client(
             model_name,
             tokens,
-            swarm_key=args.swarm_key,
+            swarm_key=key,
             cache_dir=args.cache_dir,
             torch_dtype=args.torch_dtype,
         )

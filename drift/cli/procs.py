@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from drift.cli._secrets import scrub_argv
 from drift.paths import resolve_cache_dir
 
 RUN_DIR_NAME = "run"
@@ -68,7 +69,7 @@ class ProcessRecord:
     kind: str  # "up" | "server" | "dht" | "api" | "demo"
     pid: int
     start_time: int | None  # clock ticks since boot, from /proc/<pid>/stat
-    command: list[str]  # argv of the process
+    command: list[str]  # argv of the process, secrets replaced by ***
     port: int | None  # the HTTP port it listens on (None until bound)
     peer_id: str | None  # its membership peer id (None for processes without one)
     started_at: float  # wall-clock seconds since the epoch
@@ -104,9 +105,14 @@ class ProcessRecord:
 
 
 def _write_atomic(path: Path, data: Mapping[str, Any]) -> None:
+    """Write the record readable by its owner only (it names ports, peer ids, commands)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(data, indent=1, sort_keys=True))
     os.replace(tmp, path)
 
 
@@ -146,7 +152,7 @@ def process_record(
         kind=kind,
         pid=pid,
         start_time=process_start_time(pid),
-        command=list(sys.argv),
+        command=scrub_argv(sys.argv),  # secrets (--swarm_key, ?key=) never stored
         port=port,
         peer_id=peer_id,
         started_at=time.time(),

@@ -20,7 +20,7 @@ from drift.cli._options import (
     add_torch_dtype,
 )
 from drift.cli._progress import progress_bar
-from drift.cli.dht import load_identity, log_join_info, node_config_from_args
+from drift.cli.dht import log_join_info, node_config_from_args, node_identity
 from drift.cli.procs import RecordHandle, exit_on_sigterm, process_record
 from drift.identity import Identity
 from drift.node import MembershipNode, NodeConfig, RunningApp, build_node_app, run_node
@@ -129,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         node_config = node_config_from_args(args)
         config = server_config_from_args(args)
-        identity = load_identity(args.identity_path)
+        chosen = node_identity(args)  # locked until this process exits
+        identity = chosen.identity
     except DriftError as exc:
         log.error("%s", exc.message)
         return 2
@@ -159,7 +160,8 @@ def _load_and_serve(rec: RecordHandle, identity: Identity, node_config: NodeConf
     attach_server(app, server, node)
 
     def started(running: RunningApp) -> None:
-        rec.update(port=running.port, extra={**rec.record.extra, "join_token": str(node.join_token()),
+        token = node.join_token().to_drift(with_key=False)
+        rec.update(port=running.port, extra={**rec.record.extra, "join_token": token,
                                              "blocks": [b.start_block, b.end_block]})  # fmt: skip
         log_join_info(node, running)
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 
 from drift.cli._options import add_initial_peers, add_swarm_key
+from drift.cli._secrets import swarm_key_from
 from drift.identity.tokens import parse_join_tokens
 from drift.swarm import Coverage, PeerRecord, format_ranges, format_span
 from drift.swarm.reader import read_swarm_blocking
@@ -91,7 +92,8 @@ def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     try:
         tokens = parse_join_tokens(args.initial_peers)
-        snap = read_swarm_blocking(tokens, swarm_key=args.swarm_key, timeout_s=args.timeout)
+        key = swarm_key_from(args.swarm_key, args.swarm_key_file, tokens)
+        snap = read_swarm_blocking(tokens, swarm_key=key, timeout_s=args.timeout)
         coverages = snap.coverages(args.model)
     except DriftError as exc:
         print(f"drift status: {exc.message}", file=sys.stderr)

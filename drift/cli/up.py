@@ -18,9 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from drift.cli._identity import open_node_identity
 from drift.cli._net import check_port_free, join_command
 from drift.cli._options import add_node_options
 from drift.cli._progress import progress_bar
+from drift.cli._secrets import new_swarm_key, read_key_file, write_key_file
 from drift.cli._up_loops import BalanceConfig, start_loops
 from drift.cli.dht import node_config_from_args
 from drift.cli.procs import RecordHandle, exit_on_sigterm, process_record
@@ -30,7 +32,7 @@ from drift.node import NodeConfig
 from drift.paths import resolve_cache_dir
 from drift.server.config import ServerConfig
 from drift.swarm import PeerRecord
-from drift.wire.errors import DriftError
+from drift.wire.errors import BadRequest, DriftError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -41,7 +43,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "it starts a new swarm and prints the command other machines run to join it.",
     )
     add_server_options(p, num_blocks_default="as many as fit in free memory")
-    add_node_options(p, join_alias=True)
+    add_node_options(p, join_alias=True, tls_default=True)
+    p.add_argument(
+        "--private",
+        action="store_true",
+        help="start a new private swarm: create a random swarm key in <cache_dir>/swarm.key "
+        "(mode 0600; reused on restart) unless a key is given; joiners pass a copy of it with "
+        "--swarm_key_file",
+    )
     p.add_argument(
         "--start_delay",
         type=float,
@@ -70,7 +79,8 @@ class UpConfig:
     model: str  # MODEL as given (the join command repeats it)
     node: NodeConfig
     server: ServerConfig  # num_blocks None: sized from free memory
-    identity_path: Path  # stable identity: the join token survives restarts
+    identity_path: Path | None  # --identity_path; None: <cache>/identity.key (or a free one)
+    swarm_key_file: Path | None  # where a --private swarm's key lives (to tell joiners)
     start_delay_s: float  # max random wait before reading the swarm, seconds
     balance: BalanceConfig | None  # None: never move (pinned span or --balance_quality 0)
 
@@ -82,10 +92,24 @@ def up_config_from_args(args: argparse.Namespace) -> UpConfig:
     balance = None
     if args.balance_quality > 0 and server.start_block is None:
         balance = BalanceConfig(args.balance_quality, args.mean_balance_check_period)
-    identity_path = (
-        Path(args.identity_path).expanduser() if args.identity_path else cache / "identity.key"
-    )
-    return UpConfig(args.model, node, server, identity_path, args.start_delay, balance)
+    identity_path = Path(args.identity_path).expanduser() if args.identity_path else None
+    key_file = None
+    if args.private:
+        if node.initial_peers:
+            raise BadRequest("--private starts a new swarm; to join one, pass its key with "
+                             "--swarm_key_file or $DRIFT_SWARM_KEY instead")  # fmt: skip
+        if node.swarm_key is None:
+            key_file = cache / "swarm.key"
+            node = dataclasses.replace(node, swarm_key=private_swarm_key(key_file))
+    return UpConfig(args.model, node, server, identity_path, key_file, args.start_delay, balance)
+
+
+def private_swarm_key(path: Path) -> str:
+    """The key in `path`, created (random, mode 0600) if the file does not exist yet."""
+    if not path.exists():
+        write_key_file(path, new_swarm_key())
+        say(f"created a swarm key for this private swarm in {path} (mode 0600)")
+    return read_key_file(path)
 
 
 def say(text: str) -> None:
@@ -101,11 +125,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(cfg: UpConfig) -> int:
-    from drift.identity import load_or_create_identity
-
     check_port_free(cfg.node.host, cfg.node.port)  # before minutes of loading, not after
-    identity = load_or_create_identity(cfg.identity_path)
-    say(f"peer id {identity.peer_id} (identity {cfg.identity_path})")
+    chosen = open_node_identity(cfg.identity_path, cache_dir=cfg.server.cache_dir or Path("."),
+                                fallback=True)  # locked until this process exits  # fmt: skip
+    if chosen.note:
+        say(chosen.note)
+    identity = chosen.identity
+    say(f"peer id {identity.peer_id} (identity {chosen.path})")
     with process_record("up", cache_dir=cfg.server.cache_dir, peer_id=identity.peer_id,
                         model=cfg.model) as rec:  # fmt: skip
         exit_on_sigterm()  # until the server runs, SIGTERM (drift down) ends it via `finally`
@@ -175,11 +201,16 @@ def serve(cfg: UpConfig, rec: RecordHandle, identity: Identity, ckpt: Any,
     loops: list[Any] = []  # keeps the background tasks referenced
 
     async def on_started(running: RunningApp) -> None:
-        token = node.join_token()
-        rec.update(port=running.port, extra={**rec.record.extra, "join_token": str(token)})
+        token = node.join_token().to_drift(with_key=False)  # the key is never printed
+        rec.update(port=running.port, extra={**rec.record.extra, "join_token": token})
         say(f"serving blocks [{b.start_block}, {b.end_block}) on port {running.port}")
         say("to add another machine to this swarm, run there:")
-        say(f"  {join_command(cfg.model, str(token))}")
+        if cfg.node.swarm_key:
+            where = cfg.swarm_key_file or "a file holding this swarm's key"
+            say(f"  {join_command(cfg.model, token)} --swarm_key_file swarm.key")
+            say(f"  (private swarm: copy {where} there as swarm.key, or set $DRIFT_SWARM_KEY)")
+        else:
+            say(f"  {join_command(cfg.model, token)}")
         say(f"dashboard: {node.addrs[0]}/")
         loops.extend(start_loops(node, server, ckpt, cfg.balance))
 

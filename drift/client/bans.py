@@ -39,3 +39,12 @@ class BanList:
     def banned(self) -> set[str]:
         now = self._clock()
         return {p for p, until in self._until.items() if now < until}
+
+    def failures(self, peer_id: str) -> int:
+        """Failures in a row (0 after a success)."""
+        return self._failures.get(peer_id, 0)
+
+    def remaining(self, peer_id: str) -> float:
+        """Seconds until `peer_id`'s ban ends (0.0 when it is not banned)."""
+        until = self._until.get(peer_id)
+        return 0.0 if until is None else max(0.0, until - self._clock())

@@ -6,14 +6,20 @@ environment. Units are in the field names (`_s` seconds).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
 class ClientConfig:
     connect_timeout_s: float = 5.0  # opening a TCP connection / WebSocket handshake
-    request_timeout_s: float = 60.0  # one /forward, /backward or /swarm request end to end
-    step_timeout_s: float = 60.0  # one inference step's reply on a session WebSocket
+    request_timeout_s: float = 60.0  # one /forward or /backward request end to end (at most)
+    table_timeout_s: float = 5.0  # one read of a member's table (GET /swarm) end to end
+    # One inference step's reply on a session WebSocket (and a /forward or /backward reply):
+    # step_timeout_factor x what that peer's replies of that size have taken, within
+    # [min_step_timeout_s, step_timeout_s]; step_timeout_s for a peer not measured yet.
+    step_timeout_s: float = 60.0
+    min_step_timeout_s: float = 2.0
+    step_timeout_factor: float = 10.0
     swarm_refresh_s: float = 5.0  # re-read the membership table at most this often
     max_retries: int = 4  # attempts per request / per step before giving up
     ban_base_s: float = 2.0  # first ban of a failing peer; doubles per failure
@@ -21,6 +27,6 @@ class ClientConfig:
     rtt_default_s: float = 0.01  # assumed round trip for a server not measured yet
     cache_penalty_s: float = 10.0  # added latency for a server short of KV-cache room
     compress_min_bytes: int = 1 << 20  # zstd-compress frames bigger than this (0 = never)
-    swarm_key: str | None = None  # private swarm secret (HMAC X-Drift-Auth); None = open
+    swarm_key: str | None = field(default=None, repr=False)  # private swarm secret; None: open
     cache_headroom_tokens: int = 256  # tokens a forward's remote cache reserves past its
     # input (model(ids, use_cache=True)); it grows, doubling, when a later call needs more

@@ -9,7 +9,9 @@ is the sync bridge. A client not closed is closed when collected or at interpret
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 import weakref
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ from drift.client import transport
 from drift.client.bans import BanList
 from drift.client.config import ClientConfig
 from drift.client.extras import Tensors, add_grads, hop_extras
+from drift.client.latency import StepTimeouts
 from drift.client.loop import LoopThread
 from drift.client.routing import Hop, LatencyModel, inference_route, spread_route
 from drift.client.swarm_view import SwarmView
@@ -62,6 +65,9 @@ class RemoteClient:
         self.sharing = sharing or KVSharing()  # which blocks read other blocks' keys/values
         self.loop = LoopThread()
         self.bans = BanList(config.ban_base_s, config.ban_max_s)
+        self.timeouts = StepTimeouts(factor=config.step_timeout_factor,
+                                     min_s=config.min_step_timeout_s,
+                                     max_s=config.step_timeout_s)  # fmt: skip
         self.http: aiohttp.ClientSession = self.loop.run(self._make_http())
         self.swarm = SwarmView(initial_peers, config, self.http, self.bans)
         self.sockets: weakref.WeakSet[transport.SpanSocket] = weakref.WeakSet()  # open ones
@@ -100,25 +106,32 @@ class RemoteClient:
     async def route(
         self, start: int, end: int, *, inference: bool = False, tokens_needed: int = 0
     ) -> list[Hop]:
+        """A chain over [start, end). MissingBlocks only when no server covers a block: when
+        just banned ones do (a peer that failed a moment ago), wait for their bans to end."""
         await self.swarm.refresh()
-        servers = self.swarm.servers(self.model_fingerprint)
         try:
-            if inference:
-                model = LatencyModel(
-                    rtt_default_s=self.config.rtt_default_s,
-                    cache_penalty_s=self.config.cache_penalty_s,
-                    cache_tokens_needed=tokens_needed,
-                )
-                return inference_route(servers, start, end, model)
-            return spread_route(servers, start, end)
+            return self._choose(start, end, inference, tokens_needed)
         except MissingBlocks:
             await self.swarm.refresh(force=True)  # maybe a server came back or joined
-            servers = self.swarm.servers(self.model_fingerprint)
-            if inference:
-                return inference_route(
-                    servers, start, end, LatencyModel(cache_tokens_needed=tokens_needed)
-                )
-            return spread_route(servers, start, end)
+        try:
+            return self._choose(start, end, inference, tokens_needed)
+        except MissingBlocks:
+            wait = self.swarm.ban_wait(self.model_fingerprint, start, end)
+            if wait is None:
+                raise
+        await asyncio.sleep(wait)
+        return self._choose(start, end, inference, tokens_needed)
+
+    def _choose(self, start: int, end: int, inference: bool, tokens_needed: int) -> list[Hop]:
+        servers = self.swarm.servers(self.model_fingerprint)
+        if inference:
+            model = LatencyModel(
+                rtt_default_s=self.config.rtt_default_s,
+                cache_penalty_s=self.config.cache_penalty_s,
+                cache_tokens_needed=tokens_needed,
+            )
+            return inference_route(servers, start, end, model)
+        return spread_route(servers, start, end)
 
     def note_failure(self, exc: BaseException, hop: Hop) -> None:
         """Ban the peer if the error is its fault; re-raise if no retry can help."""
@@ -133,6 +146,19 @@ class RemoteClient:
         if attempts > self.config.max_retries:
             raise exc
         return attempts
+
+    def _timeout(self, hop: Hop, kind: str, hidden: torch.Tensor) -> float:
+        """A peer's reply timeout for this request: a few times its measured pace."""
+        return self.timeouts.timeout(f"{hop.peer_id}:{kind}", hidden.shape[0] * hidden.shape[1])
+
+    async def _timed(self, hop: Hop, kind: str, hidden: torch.Tensor,
+                     call: Coroutine[Any, Any, T]) -> T:  # fmt: skip
+        """Await `call` and feed its duration to the peer's timeouts."""
+        started = time.perf_counter()
+        result = await call
+        self.timeouts.observe(f"{hop.peer_id}:{kind}", hidden.shape[0] * hidden.shape[1],
+                              time.perf_counter() - started)  # fmt: skip
+        return result
 
     async def forward(
         self, hidden: torch.Tensor, start: int, end: int, *,
@@ -155,11 +181,12 @@ class RemoteClient:
                                     per_layer, shared)  # fmt: skip
                 donate = self.sharing.donated(hop.start_block, hop.end_block, stop)
                 try:
-                    reply = await transport.forward(
+                    reply = await self._timed(hop, "forward", hidden, transport.forward(
                         self.http, hop, self.model_fingerprint, hidden, self.config,
                         attention_mask=attention_mask, prompts=slice_prompts(prompts, start, hop),
                         extras=extras, donate=donate, states=states,
-                    )  # fmt: skip
+                        timeout_s=self._timeout(hop, "forward", hidden),
+                    ))  # fmt: skip
                 except DriftError as exc:
                     attempts = self.count_failure(exc, hop, attempts)
                     break
@@ -206,11 +233,11 @@ class RemoteClient:
         sub_prompts = slice_prompts(prompts, start, step.hop)
         while True:
             try:
-                reply = await transport.backward(
+                reply = await self._timed(hop, "backward", step.hidden, transport.backward(
                     self.http, hop, self.model_fingerprint, step.hidden, grad, self.config,
                     attention_mask=mask, prompts=sub_prompts, extras=step.extras,
-                    grad_extras=grad_out,
-                )  # fmt: skip
+                    grad_extras=grad_out, timeout_s=self._timeout(hop, "backward", step.hidden),
+                ))  # fmt: skip
                 return reply.grad_inputs, reply.grad_prompts, dict(reply.grad_extras)
             except DriftError as exc:
                 attempts = self.count_failure(exc, hop, attempts)

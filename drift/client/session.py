@@ -181,13 +181,17 @@ class InferenceSession:
                             hop.end_block, s.per_layer, s.shared)  # fmt: skip
         donate = self.client.sharing.donated(hop.start_block, hop.end_block, stop)
         started = time.perf_counter()
+        key, tokens = f"{span.hop.peer_id}:step", s.hidden.shape[0] * s.hidden.shape[1]
         reply = await span.socket.step(
             s.hidden, s.position, hypo_ids=s.hypo_ids, attention_mask=s.attention_mask,
             prompts=slice_prompts(s.prompts, self.start_block, hop), extras=extras,
-            donate=donate, states=states,
+            donate=donate, states=states, timeout_s=self.client.timeouts.timeout(key, tokens),
         )  # fmt: skip
-        # measured step time feeds the per-peer EWMA that routing reads as rtt_s
-        self.client.swarm.note_rtt(span.hop.peer_id, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        # measured step time feeds the per-peer EWMA that routing reads as rtt_s, and the
+        # step timeout: a peer that stops answering is left after a few of its step times
+        self.client.swarm.note_rtt(span.hop.peer_id, seconds)
+        self.client.timeouts.observe(key, tokens, seconds)
         return reply.hidden_states, dict(reply.extras)
 
     async def _failover(self, index: int, exc: DriftError) -> None:

@@ -16,7 +16,7 @@ import aiohttp
 from drift.client.bans import BanList
 from drift.client.config import ClientConfig
 from drift.client.latency import LatencyEwma
-from drift.client.routing import ServerInfo
+from drift.client.routing import ServerInfo, missing_blocks
 from drift.identity.tokens import JoinToken
 from drift.swarm import MembershipTable, records_for_model
 from drift.swarm.reader import fetch_table, swarm_key_of
@@ -44,10 +44,15 @@ class SwarmView:
         self._lock = asyncio.Lock()
 
     def _sources(self) -> list[tuple[str, str]]:
-        """(url, expected peer id) to read the table from: live records first, then seeds."""
-        out = [(r.addrs[0].rstrip("/"), r.peer_id) for r in self.table.live(time.time())
-               if r.state == "online" and r.addrs and not self.bans.is_banned(r.peer_id)]  # fmt: skip
-        return out + [(t.url, t.peer_id) for t in self.initial_peers]
+        """(url, expected peer id) to read the table from: live records first, then members
+        whose records expired while this client was idle (they may well still run), then
+        the seeds: losing the initial peers costs nothing."""
+        live = {r.peer_id for r in self.table.live(time.time())}
+        known = sorted((r for r in self.table.records() if r.state != "offline" and r.addrs
+                        and not self.bans.is_banned(r.peer_id)),
+                       key=lambda r: r.peer_id not in live)  # fmt: skip
+        return ([(r.addrs[0].rstrip("/"), r.peer_id) for r in known]
+                + [(t.url, t.peer_id) for t in self.initial_peers])  # fmt: skip
 
     async def refresh(self, *, force: bool = False) -> None:
         async with self._lock:
@@ -58,7 +63,7 @@ class SwarmView:
                 try:
                     reply = await fetch_table(
                         self.http, url, expect_peer_id=peer_id, swarm_key=self.swarm_key,
-                        timeout_s=self.config.request_timeout_s,
+                        timeout_s=self.config.table_timeout_s,
                         connect_timeout_s=self.config.connect_timeout_s,
                     )  # fmt: skip
                 except (Unauthorized, Forbidden):
@@ -82,13 +87,26 @@ class SwarmView:
         """One measured round trip (a /swarm read or an inference step on that peer)."""
         self.latency.update(peer_id, seconds)
 
-    def servers(self, model_fingerprint: str) -> list[ServerInfo]:
-        """Live, verified, not banned servers of this model, with measured round trips."""
-        banned = self.bans.banned()
+    def servers(self, model_fingerprint: str, *, banned_too: bool = False) -> list[ServerInfo]:
+        """Live, verified servers of this model (not banned ones, unless `banned_too`), with
+        measured round trips."""
+        banned = set() if banned_too else self.bans.banned()
         records = records_for_model(self.table.live(time.time()), model_fingerprint)
         return [ServerInfo.from_record(r, self.rtt_s.get(r.peer_id)) for r in records
                 if r.peer_id not in banned and r.model_fingerprint == model_fingerprint
                 and r.addrs]  # fmt: skip
+
+    def ban_wait(self, model_fingerprint: str, start: int, end: int) -> float | None:
+        """When servers banned after a single failure (a blip, not a dead peer: those fail
+        again) are what covers some of [start, end): seconds until their bans end. None when
+        blocks are missing even with them."""
+        every = self.servers(model_fingerprint, banned_too=True)
+        blips = [s for s in every if self.bans.failures(s.peer_id) <= 1]
+        if missing_blocks(blips, start, end):
+            return None
+        waits = [self.bans.remaining(s.peer_id) for s in blips
+                 if s.start_block < end and start < s.end_block]  # fmt: skip
+        return max(waits, default=0.0)
 
     def num_blocks(self, model_fingerprint: str) -> int | None:
         records = records_for_model(self.table.live(time.time()), model_fingerprint)

@@ -17,8 +17,9 @@ import zstandard
 
 from drift.client.config import ClientConfig
 from drift.client.routing import Hop
+from drift.swarm.dial import peer_ssl
 from drift.wire import messages as m
-from drift.wire.auth import auth_headers
+from drift.wire.auth import auth_headers, check_reply
 from drift.wire.errors import DriftError, PeerUnavailable, from_payload
 from drift.wire.frames import MEDIA_TYPE
 
@@ -32,8 +33,9 @@ def is_retryable(exc: BaseException) -> bool:
     return isinstance(exc, aiohttp.ClientError | asyncio.TimeoutError | ConnectionError)
 
 
-def _timeout(config: ClientConfig) -> aiohttp.ClientTimeout:
-    return aiohttp.ClientTimeout(total=config.request_timeout_s, connect=config.connect_timeout_s)
+def _timeout(config: ClientConfig, total_s: float | None = None) -> aiohttp.ClientTimeout:
+    total = config.request_timeout_s if total_s is None else total_s
+    return aiohttp.ClientTimeout(total=total, connect=config.connect_timeout_s)
 
 
 async def _raise_for_reply(resp: aiohttp.ClientResponse, hop: Hop) -> None:
@@ -49,11 +51,13 @@ async def _raise_for_reply(resp: aiohttp.ClientResponse, hop: Hop) -> None:
     raise err
 
 
-def _body(message: Any, config: ClientConfig, path: str) -> tuple[bytes, dict[str, str]]:
+def _body(message: Any, config: ClientConfig, path: str,
+          peer_id: str) -> tuple[bytes, dict[str, str]]:  # fmt: skip
     """The (maybe zstd) body and its headers; the swarm-key HMAC covers the plain frame,
-    which is what the server's auth middleware reads (aiohttp undoes Content-Encoding)."""
+    which is what the server reads (aiohttp undoes Content-Encoding)."""
     data = m.encode(message)
-    headers = {"Content-Type": MEDIA_TYPE, **auth_headers(config.swarm_key, "POST", path, data)}
+    proof = auth_headers(config.swarm_key, "POST", path, data, peer_id=peer_id)
+    headers = {"Content-Type": MEDIA_TYPE, **proof}
     if config.compress_min_bytes and len(data) >= config.compress_min_bytes:
         data = zstandard.ZstdCompressor(level=1).compress(data)
         headers["Content-Encoding"] = "zstd"
@@ -67,17 +71,25 @@ async def post_frame(
     message: Any,
     reply_cls: Any,
     config: ClientConfig,
+    timeout_s: float | None = None,
     **expect: Any,
 ) -> Any:
-    """POST `message` as a frame; the reply decoded as `reply_cls` (expect: its from_wire's
-    keyword checks, e.g. the blocks whose K/V were asked back)."""
-    data, headers = _body(message, config, f"/{route}")
+    """POST `message` as a frame; the reply within `timeout_s` (default:
+    config.request_timeout_s), decoded as `reply_cls` (expect: its from_wire's keyword checks,
+    e.g. the blocks whose K/V were asked back)."""
+    data, headers = _body(message, config, f"/{route}", hop.peer_id)
     try:
         async with http.post(
-            f"{hop.addr}/{route}", data=data, headers=headers, timeout=_timeout(config)
+            f"{hop.addr}/{route}",
+            data=data,
+            headers=headers,
+            timeout=_timeout(config, timeout_s),
+            ssl=peer_ssl(hop.peer_id),
         ) as resp:
             await _raise_for_reply(resp, hop)
             body = await resp.read()
+            check_reply(config.swarm_key, headers, resp.status, resp.headers, body,
+                        what=f"{hop.peer_id} at {hop.addr}")  # fmt: skip
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         raise PeerUnavailable(f"{hop.peer_id} at {hop.addr}: {exc!r}", peer_id=hop.peer_id) from exc
     return m.decode(reply_cls, body, **expect)
@@ -88,14 +100,14 @@ async def forward(
     config: ClientConfig, *,
     attention_mask: torch.Tensor | None = None, prompts: torch.Tensor | None = None,
     extras: dict[str, torch.Tensor] | None = None, donate: tuple[int, ...] = (),
-    states: bool = False,
+    states: bool = False, timeout_s: float | None = None,
 ) -> m.ForwardResponse:  # fmt: skip
     """`states`: the reply also carries each block's output (extras.BLOCK_STATES)."""
     req = m.ForwardRequest(model, hop.start_block, hop.end_block, hidden, attention_mask, prompts,
                            extras or {}, donate, states)  # fmt: skip
     n_states = hop.end_block - hop.start_block if states else 0
-    return await post_frame(http, hop, "forward", req, m.ForwardResponse, config, donate=donate,
-                            states=n_states)  # fmt: skip
+    return await post_frame(http, hop, "forward", req, m.ForwardResponse, config, timeout_s,
+                            donate=donate, states=n_states)  # fmt: skip
 
 
 async def backward(
@@ -103,11 +115,11 @@ async def backward(
     grad_outputs: torch.Tensor, config: ClientConfig, *,
     attention_mask: torch.Tensor | None = None, prompts: torch.Tensor | None = None,
     extras: dict[str, torch.Tensor] | None = None,
-    grad_extras: dict[str, torch.Tensor] | None = None,
+    grad_extras: dict[str, torch.Tensor] | None = None, timeout_s: float | None = None,
 ) -> m.BackwardResponse:  # fmt: skip
     req = m.BackwardRequest(model, hop.start_block, hop.end_block, hidden, grad_outputs,
                             attention_mask, prompts, extras or {}, grad_extras or {})  # fmt: skip
-    return await post_frame(http, hop, "backward", req, m.BackwardResponse, config,
+    return await post_frame(http, hop, "backward", req, m.BackwardResponse, config, timeout_s,
                             extras=tuple(req.extras))  # fmt: skip
 
 
@@ -125,13 +137,15 @@ class SpanSocket:
         cls, http: aiohttp.ClientSession, hop: Hop, request: m.OpenSession, config: ClientConfig,
     ) -> SpanSocket:  # fmt: skip
         url = f"{hop.addr}/inference"
-        headers = auth_headers(config.swarm_key, "GET", "/inference")
+        headers = auth_headers(config.swarm_key, "GET", "/inference", peer_id=hop.peer_id)
         try:
-            ws = await http.ws_connect(
-                url, headers=headers, max_msg_size=0,
+            # the handshake (TCP, TLS, HTTP upgrade) within connect_timeout_s: a frozen
+            # server accepts the TCP connection in its kernel and then says nothing
+            ws = await asyncio.wait_for(http.ws_connect(
+                url, headers=headers, max_msg_size=0, ssl=peer_ssl(hop.peer_id),
                 timeout=aiohttp.ClientWSTimeout(ws_receive=config.step_timeout_s,
                                                 ws_close=config.connect_timeout_s),
-            )  # fmt: skip
+            ), config.connect_timeout_s)  # fmt: skip
         except aiohttp.WSServerHandshakeError as exc:
             raise from_payload(None, exc.status) from exc
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
@@ -139,7 +153,8 @@ class SpanSocket:
         sock = cls(hop, ws, config)
         try:
             await ws.send_str(orjson.dumps(request.to_wire()).decode())
-            msg = await sock._receive()
+            # reserving a cache is quick: a server that does not answer soon is not well
+            msg = await sock._receive(config.connect_timeout_s + config.min_step_timeout_s)
             if msg.type != aiohttp.WSMsgType.TEXT:
                 raise PeerUnavailable(f"{hop.peer_id}: expected session_opened, got {msg.type}")
             obj = orjson.loads(msg.data)
@@ -150,10 +165,11 @@ class SpanSocket:
             raise
         return sock
 
-    async def _receive(self) -> aiohttp.WSMessage:
+    async def _receive(self, timeout_s: float | None = None) -> aiohttp.WSMessage:
+        timeout = self.config.step_timeout_s if timeout_s is None else timeout_s
         try:
             # receive's own timeout: no extra Task per step, as asyncio.wait_for would make
-            msg = await self.ws.receive(timeout=self.config.step_timeout_s)
+            msg = await self.ws.receive(timeout=timeout)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise PeerUnavailable(f"{self.hop.peer_id}: {exc!r}", peer_id=self.hop.peer_id) from exc
         if msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED,
@@ -172,8 +188,10 @@ class SpanSocket:
         self, hidden: torch.Tensor, position: int, *,
         hypo_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
         prompts: torch.Tensor | None = None, extras: dict[str, torch.Tensor] | None = None,
-        donate: tuple[int, ...] = (), states: bool = False,
+        donate: tuple[int, ...] = (), states: bool = False, timeout_s: float | None = None,
     ) -> m.StepResponse:  # fmt: skip
+        """One step; PeerUnavailable if no reply comes within `timeout_s` (default: the
+        config's step_timeout_s)."""
         self._step_id += 1
         req = m.StepRequest(self._step_id, position, hidden, hypo_ids, attention_mask, prompts,
                             extras or {}, donate, states)  # fmt: skip
@@ -181,7 +199,7 @@ class SpanSocket:
             await self.ws.send_bytes(m.encode(req))
         except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
             raise PeerUnavailable(f"{self.hop.peer_id}: {exc!r}", peer_id=self.hop.peer_id) from exc
-        msg = await self._receive()
+        msg = await self._receive(timeout_s)
         if msg.type == aiohttp.WSMsgType.TEXT:
             self._raise_if_error(orjson.loads(msg.data))
             raise PeerUnavailable(f"{self.hop.peer_id}: unexpected text reply to a step")

@@ -19,14 +19,14 @@ from drift.identity.base58 import b58decode, b58encode
 from drift.wire.errors import BadRequest
 
 # protobuf PublicKey: field 1 (varint) KeyType.Ed25519 = 1; field 2 (bytes) len 32.
-_PROTO_PREFIX = bytes([0x08, 0x01, 0x12, 0x20])
+PUBLIC_KEY_PROTO_PREFIX = bytes([0x08, 0x01, 0x12, 0x20])
 # identity multihash: code 0x00, digest length 36 (= protobuf bytes).
 _MULTIHASH_PREFIX = bytes([0x00, 0x24])
 
 
 def peer_id_from_public_key(public_key: Ed25519PublicKey) -> str:
     raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return b58encode(_MULTIHASH_PREFIX + _PROTO_PREFIX + raw)
+    return b58encode(_MULTIHASH_PREFIX + PUBLIC_KEY_PROTO_PREFIX + raw)
 
 
 def public_key_from_peer_id(peer_id: str) -> Ed25519PublicKey:
@@ -37,7 +37,7 @@ def public_key_from_peer_id(peer_id: str) -> Ed25519PublicKey:
         raw = b58decode(peer_id)
     except ValueError as exc:
         raise BadRequest(f"peer id {peer_id!r} is not base58btc: {exc}") from exc
-    prefix = _MULTIHASH_PREFIX + _PROTO_PREFIX
+    prefix = _MULTIHASH_PREFIX + PUBLIC_KEY_PROTO_PREFIX
     if len(raw) != len(prefix) + 32 or not raw.startswith(prefix):
         raise BadRequest(
             f"peer id {peer_id!r} is not an Ed25519 libp2p peer id (expected 12D3KooW...)"

@@ -1,23 +1,25 @@
-"""Join tokens: `drift://<peer_id>@<host>:<port>[?key=<secret>]` and their multiaddr forms.
+"""Join tokens: `drift://<peer_id>@<host>:<port>[?key=<secret>][&tls=off]` and multiaddrs.
 
-`/ip4/<host>/tcp/<port>/p2p/<peer_id>`, `/ip6/...` (brackets in the drift form) and
-`/dns/...` (also `/dns4`, `/dns6`) name the same peer; a comma-separated string holds
-several. Listen addresses (`/ip4/0.0.0.0/tcp/31337`) carry no peer id. Pure parsing.
+`/ip4/<host>/tcp/<port>[/tls|/http]/p2p/<peer_id>`, `/ip6/...` (brackets in the drift form)
+and `/dns/...` (also `/dns4`, `/dns6`) name the same peer; a comma-separated string holds
+several. A node speaks TLS unless its token says `tls=off` (multiaddr: `/http`): the dialler
+then checks the node's certificate proves the token's peer id (drift.identity.tls). Listen
+addresses (`/ip4/0.0.0.0/tcp/31337`) carry no peer id. Pure parsing.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import parse_qs, quote
 
 from drift.identity.keys import public_key_from_peer_id
 from drift.wire.errors import BadRequest
 
 TOKEN_FORMS = (
-    "drift://<peer_id>@<host>:<port>[?key=<swarm key>] (IPv6 host in brackets) or "
-    "/ip4|ip6|dns/<host>/tcp/<port>/p2p/<peer_id>"
+    "drift://<peer_id>@<host>:<port>[?key=<swarm key>][&tls=off] (IPv6 host in brackets) or "
+    "/ip4|ip6|dns/<host>/tcp/<port>[/tls|/http]/p2p/<peer_id>"
 )
 _HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$")
 
@@ -50,24 +52,30 @@ class JoinToken:
     peer_id: str
     host: str
     port: int
-    swarm_key: str | None = None
+    swarm_key: str | None = field(default=None, repr=False)  # a secret: never in a repr
+    tls: bool = True  # the node speaks TLS with a certificate proving peer_id (False: plain)
 
     @property
     def url(self) -> str:
-        """Base HTTP URL of the peer's node app."""
-        return f"http://{format_hostport(self.host, self.port)}"
+        """Base URL of the peer's node app (https unless the node is plain HTTP)."""
+        return f"{'https' if self.tls else 'http'}://{format_hostport(self.host, self.port)}"
 
     def to_drift(self, *, with_key: bool = True) -> str:
         text = f"drift://{self.peer_id}@{format_hostport(self.host, self.port)}"
+        query = []
         if with_key and self.swarm_key:
-            text += "?key=" + quote(self.swarm_key, safe="")
-        return text
+            query.append("key=" + quote(self.swarm_key, safe=""))
+        if not self.tls:
+            query.append("tls=off")
+        return text + ("?" + "&".join(query) if query else "")
 
     def to_multiaddr(self) -> str:
-        return f"/{_host_kind(self.host)}/{self.host}/tcp/{self.port}/p2p/{self.peer_id}"
+        plain = "" if self.tls else "/http"  # TLS is the default: no marker
+        return f"/{_host_kind(self.host)}/{self.host}/tcp/{self.port}{plain}/p2p/{self.peer_id}"
 
     def __str__(self) -> str:
-        return self.to_drift()
+        """The token without its key (a str() may end up in a log); to_drift() has it."""
+        return self.to_drift(with_key=False)
 
 
 def format_hostport(host: str, port: int) -> str:
@@ -107,14 +115,20 @@ def _parse_drift(text: str) -> JoinToken:
         port = _port(port_text)
     except ValueError as exc:
         raise _bad(text, str(exc)) from exc
-    key = None
+    key, tls = None, True
     if query:
         params = parse_qs(query, keep_blank_values=True)
-        unknown = set(params) - {"key"}
-        if unknown or len(params.get("key", [])) != 1 or not params["key"][0]:
-            raise _bad(text, "the only query parameter allowed is one non-empty key=<secret>")
-        key = params["key"][0]
-    return JoinToken(peer_id, host, port, key)
+        if set(params) - {"key", "tls"} or any(len(v) != 1 for v in params.values()):
+            raise _bad(text, "the query may hold one key=<secret> and one tls=off, nothing else")
+        if "key" in params:
+            if not params["key"][0]:
+                raise _bad(text, "key= is empty")
+            key = params["key"][0]
+        if "tls" in params:
+            if params["tls"][0] not in ("on", "off"):
+                raise _bad(text, "tls= must be on or off")
+            tls = params["tls"][0] == "on"
+    return JoinToken(peer_id, host, port, key, tls)
 
 
 def _host_kind_or_none(host: str) -> str | None:
@@ -125,8 +139,17 @@ def _host_kind_or_none(host: str) -> str | None:
 
 
 def parse_multiaddr(text: str, *, need_peer_id: bool = True) -> tuple[str, int, str | None]:
-    """(host, port, peer_id) of `/ip4|ip6|dns/<host>/tcp/<port>[/p2p/<peer_id>]`."""
+    """(host, port, peer_id) of `/ip4|ip6|dns/<host>/tcp/<port>[/tls|/http][/p2p/<id>]`."""
+    return _parse_multiaddr(text, need_peer_id=need_peer_id)[:3]
+
+
+def _parse_multiaddr(text: str, *, need_peer_id: bool) -> tuple[str, int, str | None, bool]:
+    """(host, port, peer_id, tls) of a multiaddr; TLS unless it says /http."""
     parts = text.split("/")
+    tls = True
+    if len(parts) > 5 and parts[5] in ("tls", "http"):
+        tls = parts[5] == "tls"
+        parts = parts[:5] + parts[6:]
     allowed = (7,) if need_peer_id else (5, 7)
     if parts[0] != "" or len(parts) not in allowed:
         raise _bad(text, "wrong number of multiaddr parts")
@@ -148,7 +171,7 @@ def parse_multiaddr(text: str, *, need_peer_id: bool = True) -> tuple[str, int, 
             raise _bad(text, f"expected /p2p/<peer_id>, got /{parts[5]}")
         peer_id = parts[6]
         _check_peer_id(text, peer_id)
-    return host, port, peer_id
+    return host, port, peer_id, tls
 
 
 def parse_join_token(text: str) -> JoinToken:
@@ -157,9 +180,9 @@ def parse_join_token(text: str) -> JoinToken:
     if text.startswith("drift://"):
         return _parse_drift(text)
     if text.startswith("/"):
-        host, port, peer_id = parse_multiaddr(text)
+        host, port, peer_id, tls = _parse_multiaddr(text, need_peer_id=True)
         assert peer_id is not None
-        return JoinToken(peer_id, host, port)
+        return JoinToken(peer_id, host, port, None, tls)
     raise _bad(text, "it starts with neither 'drift://' nor '/'")
 
 

@@ -18,6 +18,8 @@ import orjson
 from aiohttp import web
 
 from drift.node.auth import auth_middleware
+from drift.node.body import BODY_BUDGET, BodyBudget, body_middleware, read_body
+from drift.node.gossip import gossip_body_limit
 from drift.node.membership import MembershipNode
 from drift.node.middleware import error_middleware
 from drift.swarm import coverage
@@ -57,11 +59,19 @@ async def swarm(request: web.Request) -> web.Response:
 
 
 async def gossip(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    limit = gossip_body_limit(node.config.max_gossip_records)
+    body = await read_body(
+        request,
+        limit,
+        idle_timeout_s=node.config.idle_timeout_s,
+        limit_name="the gossip body limit (max_gossip_records)",
+    )
     try:
-        data = orjson.loads(await request.read())
+        data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise BadRequest(f"gossip body is not JSON: {exc}") from exc
-    return _json(request.app[NODE].handle_gossip(data))
+    return _json(node.handle_gossip(data))
 
 
 async def swarm_coverage(request: web.Request) -> web.Response:
@@ -100,6 +110,7 @@ async def _membership_ctx(app: web.Application) -> AsyncIterator[None]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        await node.cancel_inflight()
         try:
             await node.leave()
         finally:
@@ -113,11 +124,13 @@ def build_node_app(node: MembershipNode, *, web_dir: Path | None = None) -> web.
     app = web.Application(
         middlewares=[
             error_middleware,
-            auth_middleware(cfg.swarm_key, max_skew_s=cfg.auth_max_skew_s),
+            body_middleware,
+            auth_middleware(cfg.swarm_key, node.peer_id, max_skew_s=cfg.auth_max_skew_s),
         ],
         client_max_size=cfg.client_max_size,
     )
     app[NODE] = node
+    app[BODY_BUDGET] = BodyBudget(cfg.max_body_memory)
     app[WEB_DIR] = web_dir or find_web_dir()
     app.router.add_get("/", index)
     app.router.add_get("/health", health)

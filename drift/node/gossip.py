@@ -1,8 +1,10 @@
 """The wire side of gossip: message shapes, the identity proof, one HTTP exchange.
 
-A gossip request is `{"peer_id", "records": [...], "nonce"}`; the reply is
+A gossip request is `{"peer_id", "records": [...], "nonce", "pull"}`; the reply is
 `{"peer_id", "records": [...], "proof"}` where proof = base64 Ed25519 signature of
-`PROOF_PREFIX + nonce` by the answering peer, so the caller knows who answered.
+`PROOF_PREFIX + nonce` by the answering peer, so the caller knows who answered. With
+`"pull": false` the reply holds only the answerer's own record (a leave, or a dial that
+checks a new peer's address). Bodies and replies are bounded by `gossip_body_limit`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ import aiohttp
 import orjson
 
 from drift.identity import Identity, verify_signature
-from drift.wire.auth import auth_headers
+from drift.swarm.dial import is_wrong_peer, peer_ssl
+from drift.swarm.reader import read_limited
+from drift.swarm.record import MAX_RECORD_BYTES
+from drift.wire.auth import auth_headers, check_reply
 from drift.wire.errors import BadRequest, Forbidden, PeerUnavailable, from_payload
 
 PROOF_PREFIX = b"drift-gossip-proof:"
@@ -43,8 +48,13 @@ def check_proof(peer_id: str, nonce: str, proof: Any) -> bool:
     return verify_signature(peer_id, PROOF_PREFIX + nonce.encode(), sig)
 
 
-def parse_gossip_body(data: Any, max_records: int) -> tuple[str | None, list[Any], str | None]:
-    """(caller peer id, raw records, nonce) of a gossip request; BadRequest if malformed."""
+def gossip_body_limit(max_records: int) -> int:
+    """Largest gossip body or reply in bytes: `max_records` records of the largest size."""
+    return max_records * (MAX_RECORD_BYTES + 64) + (64 << 10)
+
+
+def parse_gossip_body(data: Any, max_records: int) -> tuple[list[Any], str | None, bool]:
+    """(raw records, nonce, pull) of a gossip request; BadRequest if malformed."""
     if not isinstance(data, dict) or not isinstance(data.get("records"), list):
         raise BadRequest('gossip body must be {"peer_id", "records": [...], "nonce"}')
     if len(data["records"]) > max_records:
@@ -52,8 +62,10 @@ def parse_gossip_body(data: Any, max_records: int) -> tuple[str | None, list[Any
     nonce = data.get("nonce")
     if nonce is not None and (not isinstance(nonce, str) or not 0 < len(nonce) <= MAX_NONCE_CHARS):
         raise BadRequest(f"gossip nonce must be a string of 1..{MAX_NONCE_CHARS} characters")
-    peer_id = data.get("peer_id")
-    return (peer_id if isinstance(peer_id, str) else None), data["records"], nonce
+    pull = data.get("pull", True)
+    if not isinstance(pull, bool):
+        raise BadRequest("gossip 'pull' must be true or false")
+    return data["records"], nonce, pull
 
 
 async def exchange(
@@ -64,21 +76,29 @@ async def exchange(
     expect_peer_id: str,
     swarm_key: str | None,
     timeout_s: float,
+    max_records: int = 1100,
 ) -> tuple[dict[str, Any], int]:
-    """POST our table to `url`; returns (reply, bytes moved). Checks the answerer's proof."""
+    """POST our table to `url`; returns (reply, bytes moved). Checks the answerer's proof;
+    a reply past `gossip_body_limit(max_records)` is refused before it is all read."""
     payload = orjson.dumps(body)
     headers = {"Content-Type": "application/json"}
-    headers.update(auth_headers(swarm_key, "POST", GOSSIP_PATH, payload))
+    sent = auth_headers(swarm_key, "POST", GOSSIP_PATH, payload, peer_id=expect_peer_id)
+    headers.update(sent)
     try:
         async with http.post(
             url.rstrip("/") + GOSSIP_PATH,
             data=payload,
             headers=headers,
             timeout=aiohttp.ClientTimeout(total=timeout_s),
+            ssl=peer_ssl(expect_peer_id),
         ) as resp:
-            raw = await resp.read()
+            raw = await read_limited(resp, gossip_body_limit(max_records))
             status = resp.status
+            reply_headers = resp.headers
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        if is_wrong_peer(exc):
+            raise Forbidden(f"{url} is not peer {expect_peer_id}: its TLS certificate proves "
+                            "another identity (a man in the middle?)") from exc  # fmt: skip
         raise PeerUnavailable(f"gossip with {url} failed: {exc!r}") from exc
     try:
         reply = orjson.loads(raw)
@@ -86,8 +106,12 @@ async def exchange(
         raise PeerUnavailable(f"{url} answered gossip with non-JSON (HTTP {status})") from exc
     if status != 200:
         raise from_payload(reply, status)
+    check_reply(swarm_key, sent, status, reply_headers, raw, what=url)
     if not isinstance(reply, dict) or not isinstance(reply.get("records"), list):
         raise PeerUnavailable(f"{url} answered gossip without a records list")
+    if len(reply["records"]) > max_records:
+        raise PeerUnavailable(f"{url} answered gossip with {len(reply['records'])} records "
+                              f"(limit {max_records})")  # fmt: skip
     if not check_proof(expect_peer_id, str(body.get("nonce")), reply.get("proof")):
         raise Forbidden(
             f"{url} is not peer {expect_peer_id} (it answered as {reply.get('peer_id')!r} "

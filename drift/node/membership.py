@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 
 from drift.identity import Identity, JoinToken, format_hostport
+from drift.node.admission import Admission, AdmissionLimits
 from drift.node.config import NodeConfig
 from drift.node.gossip import exchange, new_nonce, parse_gossip_body, sign_proof
 from drift.swarm import MembershipTable, PeerRecord, default_fields, sign_record
@@ -48,7 +49,14 @@ class MembershipNode:
         self.identity = identity
         self.config = config
         self.clock = clock
-        self.table = MembershipTable(identity.peer_id)
+        self.table = MembershipTable(identity.peer_id, max_records=config.max_records,
+                                     max_ttl_s=config.record_ttl_s)  # fmt: skip
+        self.admission = Admission(self.table, open_swarm=not config.swarm_key,
+                                   limits=AdmissionLimits(max_pending=config.max_pending))  # fmt: skip
+        self._first_seq = 0  # our first seq this run: later records of our id are a twin's
+        self._twin_warned_at = float("-inf")
+        self._conflicts_logged: set[str] = set()
+        self._inflight: dict[str, asyncio.Task[Any]] = {}  # background exchanges, by peer id
         self._fields: dict[str, Any] = default_fields(identity.peer_id, [], config.version)
         self.record: PeerRecord | None = None
         self.port: int | None = None
@@ -72,7 +80,8 @@ class MembershipNode:
             host = self.config.public_ip or self.config.host
             if host in ("", "0.0.0.0", "::"):
                 host = _local_ip()
-            addrs = [f"http://{format_hostport(host, port)}"]
+            scheme = "https" if self.config.tls else "http"
+            addrs = [f"{scheme}://{format_hostport(host, port)}"]
         self.announce(addrs=addrs)
         self.bound.set()
 
@@ -89,21 +98,13 @@ class MembershipNode:
         self._fields.update(fields)
         self._resign()
 
-    def _outbid_own_echo(self, items: list[Any]) -> None:
-        """A record of ours with a higher seq (from an earlier run) must not beat our new one."""
-        for item in items:
-            if isinstance(item, dict) and item.get("peer_id") == self.peer_id:
-                seq = item.get("seq")
-                if isinstance(seq, int) and seq >= int(self._fields["seq"]):
-                    self._fields["seq"] = seq
-                    self._resign()
-
     def _resign(self) -> None:
         now = self.clock()
         # seq from the wall clock (microseconds) keeps rising across restarts
         self._fields["seq"] = max(int(self._fields["seq"]) + 1, int(now * 1_000_000))
         self._fields["expires_at"] = now + self.config.record_ttl_s
         self.record = sign_record(self.identity, dict(self._fields))
+        self._first_seq = self._first_seq or int(self._fields["seq"])
 
     @property
     def addrs(self) -> list[str]:
@@ -113,9 +114,10 @@ class MembershipNode:
         """Our token, from the first announced address."""
         if not self.addrs:
             raise RuntimeError("node is not bound yet")
-        hostport = self.addrs[0].split("://", 1)[-1].rstrip("/")
+        scheme, _, hostport = self.addrs[0].rstrip("/").rpartition("://")
         host, _, port = hostport.rpartition(":")
-        return JoinToken(self.peer_id, host.strip("[]"), int(port), self.config.swarm_key)
+        return JoinToken(self.peer_id, host.strip("[]"), int(port), self.config.swarm_key,
+                         tls=scheme == "https")  # fmt: skip
 
     # -- views ------------------------------------------------------------------------
     def live_records(self) -> list[PeerRecord]:
@@ -135,27 +137,86 @@ class MembershipNode:
 
     # -- serving gossip ---------------------------------------------------------------
     def handle_gossip(self, data: Any) -> dict[str, Any]:
-        """Merge a caller's table; reply with what the caller lacks plus our identity proof."""
-        caller, items, nonce = parse_gossip_body(data, self.config.max_gossip_records)
-        self.table.merge_wire(items, self.clock(), skip=self.peer_id)
-        self._outbid_own_echo(items)
+        """Take a caller's records (admission decides which are trusted now); reply with what
+        the caller lacks (or, for `pull: false`, only our own record) plus our identity proof."""
+        items, nonce, pull = parse_gossip_body(data, self.config.max_gossip_records)
+        self._ingest(items)
         theirs: dict[str, int] = {}
         for item in items:
             if isinstance(item, dict) and isinstance(item.get("seq"), int):
                 pid = item.get("peer_id")
                 if isinstance(pid, str):
                     theirs[pid] = max(theirs.get(pid, -1), item["seq"])
-        reply = [r.to_wire() for r in self.all_records() if r.seq > theirs.get(r.peer_id, -1)]
+        mine = self.all_records() if pull else [self.record] if self.record else []
+        reply = [r.to_wire() for r in mine if r.seq > theirs.get(r.peer_id, -1)]
         out: dict[str, Any] = {"peer_id": self.peer_id, "records": reply}
         if nonce is not None:
             out["proof"] = sign_proof(self.identity, nonce)
         return out
 
+    def _ingest(self, items: list[Any], *, proven: tuple[str, str] | None = None) -> None:
+        """Raw records from gossip into admission; `proven` = (peer id, url) of a peer that just
+        proved its id at that url: its own record there is trusted without another dial."""
+        now = self.clock()
+        records = self.table.parse_wire(items, skip=self.peer_id)
+        self._check_own_echo(items)
+        if proven is not None:
+            pid, url = proven
+            direct = [r for r in records if r.peer_id == pid and url in r.addrs]
+            for record in direct:
+                self.admission.dialled(record, True, now)
+            records = [r for r in records if r not in direct]
+        self.admission.offer(records, now)
+        self._log_conflicts()
+
+    def _check_own_echo(self, items: list[Any]) -> None:
+        """A record of our own id signed elsewhere: an earlier run of ours at our addresses
+        (outbid it), or another live process on our identity file (say so; never outbid it)."""
+        for item in items:
+            if not (isinstance(item, dict) and item.get("peer_id") == self.peer_id):
+                continue
+            seq, addrs = item.get("seq"), item.get("addrs")
+            if not isinstance(seq, int) or not isinstance(addrs, list):
+                continue
+            if self.addrs and set(addrs) != set(self.addrs) and item.get("state") != "offline":
+                if seq > self._first_seq:
+                    self._warn_twin(addrs)
+            elif seq >= int(self._fields["seq"]):
+                self._fields["seq"] = seq
+                self._resign()
+
+    def _warn_twin(self, addrs: list[Any]) -> None:
+        now = self.clock()
+        if now - self._twin_warned_at < 30.0:
+            return
+        self._twin_warned_at = now
+        log.error(
+            "ANOTHER PROCESS IS USING THIS NODE'S IDENTITY: peer id %s is also signed at %s "
+            "(this node is at %s). Peers keep whichever record they saw first; stop one of the "
+            "two, or give it its own --identity_path.", self.peer_id,
+            ", ".join(map(str, addrs)), ", ".join(self.addrs),
+        )  # fmt: skip
+
+    def _log_conflicts(self) -> None:
+        for pid, twin in self.table.conflicts.items():
+            if pid not in self._conflicts_logged:
+                held = self.table.get(pid)
+                log.error(
+                    "two live records for peer %s: kept %s, refused %s (two processes share "
+                    "one identity file?)", pid, held.addrs if held else "-", list(twin.addrs),
+                )  # fmt: skip
+        self._conflicts_logged = set(self.table.conflicts)
+
     # -- calling gossip ---------------------------------------------------------------
-    async def exchange_with(self, url: str, peer_id: str) -> None:
-        """One push-pull exchange with the peer `peer_id` at `url` (raises DriftError)."""
+    async def exchange_with(
+        self, url: str, peer_id: str, *, pull: bool = True, records: list[PeerRecord] | None = None
+    ) -> None:
+        """One exchange with the peer `peer_id` at `url` (raises DriftError): push our table
+        (or `records`), pull what we lack (or, without `pull`, only that peer's own record)."""
         assert self.http is not None, "node has no HTTP client (app not started)"
-        body = {**self.swarm_payload(), "nonce": new_nonce()}
+        sent = self.all_records() if records is None else records
+        body = {"peer_id": self.peer_id, "records": [r.to_wire() for r in sent],
+                "nonce": new_nonce(), "pull": pull}  # fmt: skip
         reply, moved = await exchange(
             self.http,
             url,
@@ -163,10 +224,10 @@ class MembershipNode:
             expect_peer_id=peer_id,
             swarm_key=self.config.swarm_key,
             timeout_s=self.config.request_timeout_s,
+            max_records=self.config.max_gossip_records,
         )
         self.bytes_moved += moved
-        self.table.merge_wire(reply["records"], self.clock(), skip=self.peer_id)
-        self._outbid_own_echo(reply["records"])
+        self._ingest(reply["records"], proven=(peer_id, url))
 
     async def join(self, token: JoinToken) -> None:
         """Exchange tables with a seed, which must prove it holds the token's peer id."""
@@ -182,22 +243,65 @@ class MembershipNode:
             except DriftError as exc:
                 log.warning("cannot join through %s: %s", token.to_drift(with_key=False), exc)
 
+    def _targets(self) -> list[tuple[str, str]]:
+        """(url, peer id) to gossip with this round: `fanout` random live peers, plus one
+        initial peer when none is among them, so a member never loses touch with its seeds."""
+        peers = [r for r in self.table.live(self.clock()) if r.addrs]
+        chosen = random.sample(peers, min(self.config.fanout, len(peers)))
+        out = [(r.addrs[0], r.peer_id) for r in chosen]
+        seeds = [t for t in self.config.initial_peers if t.peer_id != self.peer_id]
+        if seeds and not {t.peer_id for t in seeds} & {pid for _, pid in out}:
+            token = random.choice(seeds)
+            out.append((token.url, token.peer_id))
+        return out
+
+    async def dial_pending(self) -> int:
+        """Dial queued records' addresses (open swarms): a peer that proves its id there is
+        trusted, one that does not is dropped and not retried for a while. Returns #trusted."""
+        queued = self.admission.take(self.config.dials_per_round)
+        results = await asyncio.gather(
+            *(self.exchange_with(r.addrs[0], r.peer_id, pull=False) for r in queued),
+            return_exceptions=True,
+        )
+        now = self.clock()
+        for record, res in zip(queued, results, strict=True):
+            self.admission.dialled(record, not isinstance(res, BaseException), now)
+        return sum(not isinstance(res, BaseException) for res in results)
+
     async def gossip_round(self) -> None:
-        """Re-sign our record, drop expired ones, exchange with a few random live peers."""
+        """Re-sign our record, drop expired ones, exchange with a few random live peers (and
+        a seed), dial records waiting for admission. Waits at most one gossip interval: a
+        slow or frozen peer's exchange goes on in the background (never two at once with one
+        peer) instead of holding back the next re-signing."""
         self._resign()
         self.table.expire(self.clock())
-        peers = [r for r in self.table.live(self.clock()) if r.addrs]
-        if not peers:
+        if not self.joined and self.config.initial_peers:
             await self._join_any()
-            return
-        chosen = random.sample(peers, min(self.config.fanout, len(peers)))
-        results = await asyncio.gather(
-            *(self.exchange_with(r.addrs[0], r.peer_id) for r in chosen), return_exceptions=True
-        )
-        for r, res in zip(chosen, results, strict=True):
-            if isinstance(res, Exception):
-                log.debug("gossip with %s failed: %s", r.peer_id, res)
+        targets = [(url, pid) for url, pid in self._targets() if pid not in self._inflight]
+        tasks = [self._spawn(pid, self._exchange_logged(url, pid)) for url, pid in targets]
+        tasks.append(self._spawn(None, self.dial_pending()))
+        await asyncio.wait(tasks, timeout=self.config.gossip_interval_s)
         self.rounds += 1
+
+    def _spawn(self, peer_id: str | None, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro)
+        key = peer_id if peer_id is not None else f"dial-{id(task)}"
+        self._inflight[key] = task
+        task.add_done_callback(lambda _t: self._inflight.pop(key, None))
+        return task
+
+    async def _exchange_logged(self, url: str, peer_id: str) -> None:
+        try:
+            await self.exchange_with(url, peer_id)
+        except DriftError as exc:
+            log.debug("gossip with %s failed: %s", peer_id, exc)
+
+    async def cancel_inflight(self) -> None:
+        """Stop the exchanges still running in the background (before leaving)."""
+        tasks = list(self._inflight.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def run_gossip(self) -> None:
         """Forever: wait for the port, join, then gossip every interval (jittered)."""
@@ -212,18 +316,26 @@ class MembershipNode:
             await asyncio.sleep(cfg.gossip_interval_s * (1 + jitter))
 
     async def leave(self) -> None:
-        """Publish a signed `offline` record to every live peer (bounded by leave_timeout_s)."""
+        """Push our signed `offline` record to a few peers (initial peers first), who spread it
+        by gossip; the cost is the same at any table size (bounded by leave_timeout_s)."""
         if self.record is None or self.http is None:
             return
+        targets = [(t.url, t.peer_id) for t in self.config.initial_peers
+                   if t.peer_id != self.peer_id]  # fmt: skip
         peers = [r for r in self.table.live(self.clock()) if r.addrs]
+        for r in random.sample(peers, min(self.config.leave_fanout, len(peers))):
+            if r.peer_id not in {pid for _, pid in targets}:
+                targets.append((r.addrs[0], r.peer_id))
+        targets = targets[: self.config.leave_fanout]
         self.announce(state="offline")
-        if not peers:
+        if not targets:
             return
-        calls = [self.exchange_with(r.addrs[0], r.peer_id) for r in peers]
+        offline = [self.record] if self.record is not None else []
+        calls = [self.exchange_with(url, pid, pull=False, records=offline) for url, pid in targets]
         try:
             await asyncio.wait_for(
                 asyncio.gather(*calls, return_exceptions=True), self.config.leave_timeout_s
             )
         except asyncio.TimeoutError:
             log.warning("leave: some peers did not take our offline record in time")
-        log.info("left the swarm (offline record sent to %d peers)", len(peers))
+        log.info("left the swarm (offline record sent to %d peers)", len(targets))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from drift.identity.tls import server_context
 from drift.node.app import NODE
 
 log = logging.getLogger(__name__)
@@ -33,19 +34,26 @@ class RunningApp:
 
 
 async def start_app(
-    app: web.Application, host: str, port: int, *, shutdown_timeout_s: float = 2.0
-) -> RunningApp:
-    """Listen on host:port (0 = a free port) and bind the node to the real port."""
-    runner = web.AppRunner(app, shutdown_timeout=shutdown_timeout_s, access_log=None)
+    app: web.Application, host: str, port: int, *, shutdown_timeout_s: float = 2.0,
+    idle_timeout_s: float | None = None,
+) -> RunningApp:  # fmt: skip
+    """Listen on host:port (0 = a free port) and bind the node to the real port; with the
+    node's `tls`, behind a certificate bound to its identity. A connection that sends no
+    request for `idle_timeout_s` (default: the node's) is closed."""
+    node = app.get(NODE)
+    if idle_timeout_s is None:
+        idle_timeout_s = node.config.idle_timeout_s if node is not None else 30.0
+    runner = web.AppRunner(app, shutdown_timeout=shutdown_timeout_s, access_log=None,
+                           keepalive_timeout=idle_timeout_s)  # fmt: skip
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    tls = server_context(node.identity) if node is not None and node.config.tls else None
+    site = web.TCPSite(runner, host, port, ssl_context=tls)
     try:
         await site.start()
     except OSError:
         await runner.cleanup()
         raise
     bound = int(runner.addresses[0][1])
-    node = app.get(NODE)
     if node is not None:
         node.bind(bound)
     return RunningApp(runner, host, bound)

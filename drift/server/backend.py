@@ -1,19 +1,24 @@
 """The compute side of a block server: one loaded span and the executor its torch work runs on.
 
 Stateless forward and backward over any sub-span of what is held, after the checks that
-only the server can do (model, span, batch). Knows nothing about HTTP; sessions live in
-sessions.py.
+only the server can do (model, span, batch, tokens per request), run in chunks of at most
+`chunk_tokens` tokens (drift.server.chunks) so other requests run in between. Knows nothing
+about HTTP; sessions live in sessions.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import torch
+
+from drift.server.chunks import forward_chunks, merge_grad_prompts, row_groups
 from drift.wire.checks import dtype_name
-from drift.wire.errors import BadRequest, ModelMismatch, SpanNotServed
+from drift.wire.errors import BadRequest, ModelMismatch, PayloadTooLarge, SpanNotServed
 from drift.wire.extras import ExtraSpec
 from drift.wire.messages import BackwardRequest, BackwardResponse, ForwardRequest, ForwardResponse
 
@@ -23,13 +28,16 @@ T = TypeVar("T")
 class SpanBackend:
     def __init__(
         self, span: Any, *, model_name: str, fingerprint: str, max_batch_size: int,
-        quant: str = "none",
+        quant: str = "none", max_request_tokens: int = 8192, chunk_tokens: int = 1024,
     ) -> None:  # fmt: skip
         self.span = span  # drift.models.ModelSpan
         self.model_name = model_name
         self.fingerprint = fingerprint
         self.max_batch_size = max_batch_size
         self.quant = quant
+        self.max_request_tokens = max_request_tokens  # B x T of one /forward or /backward
+        self.chunk_tokens = chunk_tokens  # tokens of one unit of work on the compute thread
+        self.chunks_run = 0  # units of work run (a counter for metrics and tests)
         self.start_block: int = span.start_block
         self.end_block: int = span.end_block
         self.hidden_size: int = int(span.config.hidden_size)
@@ -52,7 +60,9 @@ class SpanBackend:
         """Run torch work on the compute thread."""
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
-    def check(self, model: str, start_block: int, end_block: int, batch: int) -> None:
+    def check(self, model: str, start_block: int, end_block: int, batch: int,
+              tokens: int = 0) -> None:  # fmt: skip
+        """Model, span and batch of a request; with `tokens` (its T), B x T too."""
         if model not in (self.fingerprint, self.model_name):
             raise ModelMismatch(
                 f"this server serves {self.model_name} (fingerprint {self.fingerprint[:12]}), "
@@ -62,6 +72,11 @@ class SpanBackend:
         if batch > self.max_batch_size:
             raise BadRequest(
                 f"batch size {batch} exceeds this server's max of {self.max_batch_size}"
+            )
+        if batch * tokens > self.max_request_tokens:
+            raise PayloadTooLarge(
+                f"{batch} x {tokens} = {batch * tokens} tokens exceed this server's "
+                f"max_request_tokens={self.max_request_tokens}; split the batch or the sequence"
             )
 
     def check_span(self, start_block: int, end_block: int) -> None:
@@ -73,16 +88,43 @@ class SpanBackend:
                 end_block=self.end_block,
             )
 
-    async def forward(self, req: ForwardRequest) -> ForwardResponse:
-        self.check(req.model, req.start_block, req.end_block, req.hidden_states.shape[0])
-        return await self.run(self._forward, req)
-
-    async def backward(self, req: BackwardRequest) -> BackwardResponse:
-        self.check(req.model, req.start_block, req.end_block, req.hidden_states.shape[0])
-        return await self.run(self._backward, req)
+    async def run_chunk(self, fn: Callable[[], T]) -> T:
+        self.chunks_run += 1
+        return await self.run(fn)
 
     # The requests were validated at the wire edge (ForwardRequest/BackwardRequest.from_wire)
-    # and by `check`: the span's trusted entries run them as they are.
+    # and by `check`: the span's trusted entries run them as they are. Plain requests run
+    # chunk by chunk; those with extras (Gemma 4's per-layer inputs and shared K/V) or asking
+    # for every block's states run as one unit (bounded by max_request_tokens).
+    async def forward(self, req: ForwardRequest) -> ForwardResponse:
+        self.check(req.model, req.start_block, req.end_block, *req.hidden_states.shape[:2])
+        if req.extras or req.donate or req.block_states:
+            return await self.run_chunk(functools.partial(self._forward, req))
+        outs = []
+        for group in row_groups(req.hidden_states, req.attention_mask, req.prompts,
+                                self.chunk_tokens):  # fmt: skip
+            out = None
+            for unit in forward_chunks(self.span, req.start_block, req.end_block, group,
+                                       self.chunk_tokens):  # fmt: skip
+                out = await self.run_chunk(unit)
+            outs.append(out)
+        return ForwardResponse(await self.run(_gather, outs))
+
+    async def backward(self, req: BackwardRequest) -> BackwardResponse:
+        self.check(req.model, req.start_block, req.end_block, *req.hidden_states.shape[:2])
+        if req.extras or req.grad_extras:
+            return await self.run_chunk(functools.partial(self._backward, req))
+        grads, grad_prompts = [], []
+        for group in row_groups(req.hidden_states, req.attention_mask, req.prompts,
+                                self.chunk_tokens, grad=req.grad_outputs):  # fmt: skip
+            grad, g_prompts = await self.run_chunk(
+                functools.partial(self._backward_rows, req.start_block, req.end_block, group)
+            )
+            grads.append(grad)
+            grad_prompts.append(g_prompts)
+        return BackwardResponse(torch.cat(grads, dim=0),
+                                merge_grad_prompts(grad_prompts, req.prompts))  # fmt: skip
+
     def _forward(self, req: ForwardRequest) -> ForwardResponse:
         out, donated = self.span.run_forward(req.start_block, req.end_block, req.hidden_states,
                                              req.attention_mask, req.prompts, req.extras,
@@ -100,5 +142,17 @@ class SpanBackend:
             {k: v.detach().to("cpu") for k, v in grad_extras.items()},
         )
 
+    def _backward_rows(
+        self, start: int, end: int, group: Any
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        grad, grad_prompts, _ = self.span.run_backward(start, end, group.hidden, group.grad,
+                                                       group.mask, group.prompts)  # fmt: skip
+        return grad.detach().to("cpu"), None if grad_prompts is None else grad_prompts.to("cpu")
+
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _gather(outs: list[torch.Tensor]) -> torch.Tensor:
+    """Row groups' outputs as one [B, T, H] CPU tensor (on the compute thread: a device sync)."""
+    return torch.cat([o.to("cpu") for o in outs], dim=0)

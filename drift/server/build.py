@@ -91,7 +91,9 @@ def load_server(
         log.info("weights of blocks [%d, %d) take %.1f MiB resident (RSS %.1f -> %.1f MiB)",
                  start, end, (after - before) / 2**20, before / 2**20, after / 2**20)  # fmt: skip
     backend = SpanBackend(span, model_name=ckpt.name, fingerprint=ckpt.fingerprint,
-                          max_batch_size=config.max_batch_size, quant=quant)  # fmt: skip
+                          max_batch_size=config.max_batch_size, quant=quant,
+                          max_request_tokens=config.max_request_tokens,
+                          chunk_tokens=config.chunk_tokens)  # fmt: skip
     throughput = config.throughput
     if throughput is None:
         key = throughput_key(device, ckpt.fingerprint, dtype, quant)

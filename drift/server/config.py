@@ -29,6 +29,10 @@ class ServerConfig:
     inference_max_length: int = 2048  # tokens: largest max_length a session may open
     session_timeout_s: float = 300.0  # seconds: an idle session is closed and its cache freed
     max_body_bytes: int = 64 << 20  # bytes: largest request body or WebSocket message (413)
+    max_sockets: int = 512  # inference WebSockets open at once; more get 429 at the handshake
+    max_request_tokens: int = 8192  # tokens (B x T) of one /forward or /backward (413 past it)
+    chunk_tokens: int = 1024  # tokens per unit of compute: longer work is cut, others run between
+    max_json_bytes: int = 8 << 20  # bytes: largest plain-JSON /forward or /backward body (413)
     throughput: float | None = None  # block-tokens/s of one block; None: measured at start
     cache_dir: Path | None = None  # where the throughput measurement is cached (None: none)
     revision: str | None = None  # Hub revision of the model, when it comes from the Hub

@@ -34,7 +34,9 @@ async def prepare_move(current: SpanRuntime, config: ServerConfig, start_block: 
     # Loaded on the default executor: the old span keeps computing on its own thread.
     span = await loop.run_in_executor(None, _load, config, old, ckpt, start_block, end_block)
     backend = SpanBackend(span, model_name=old.model_name, fingerprint=old.fingerprint,
-                          max_batch_size=old.max_batch_size, quant=old.quant)  # fmt: skip
+                          max_batch_size=old.max_batch_size, quant=old.quant,
+                          max_request_tokens=old.max_request_tokens,
+                          chunk_tokens=old.chunk_tokens)  # fmt: skip
     current.sessions.refusing = (
         f"this server is moving to blocks [{start_block}, {end_block}); open the session "
         "on another server or retry here in a moment"

@@ -12,15 +12,18 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
 from aiohttp import WSMsgType, web
 
+from drift.node.app import NODE
+from drift.node.body import AUTH_PROOF, read_body
 from drift.server.backend import SpanBackend
 from drift.server.state import BlockServer
-from drift.wire.errors import BadRequest, DriftError, PayloadTooLarge
-from drift.wire.frames import MEDIA_TYPE, decode_frame, decompress, encode_frame
+from drift.wire.errors import BadRequest, Busy, DriftError, PayloadTooLarge
+from drift.wire.frames import MEDIA_TYPE, decode_frame, encode_frame
 from drift.wire.messages import (
     BackwardRequest,
     CloseSession,
@@ -33,7 +36,6 @@ from drift.wire.version import PROTOCOL_VERSION
 
 log = logging.getLogger(__name__)
 BLOCK_SERVER = web.AppKey("block_server", BlockServer)
-ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _Req = TypeVar("_Req", ForwardRequest, BackwardRequest)
 
@@ -91,9 +93,17 @@ async def _compute(
     """/forward and /backward: parse `kind` (frame or JSON), run it, time it, reply in kind."""
     server = request.app[BLOCK_SERVER]
     started = time.perf_counter()
-    body, is_json = await _read_body(request, server.config.max_body_bytes)
+    if request.content_type == "application/json":
+        limit, name = server.config.max_json_bytes, "max_json_bytes (plain-JSON bodies)"
+    else:
+        limit, name = server.config.max_body_bytes, "max_body_bytes (--max_body_mb)"
+    body, is_json = await _read_body(request, limit, name)
     backend = server.backend
     if is_json:
+        if len(body) > server.config.max_json_bytes:
+            raise PayloadTooLarge(f"a plain-JSON body of {len(body)} bytes exceeds this server's "
+                                  f"max_json_bytes={server.config.max_json_bytes}; send a tensor "
+                                  "frame for larger inputs")  # fmt: skip
         req = kind.from_json(_json(body), default_model=backend.fingerprint,
                              hidden_size=backend.hidden_size,
                              extras=backend.extra_spec)  # fmt: skip
@@ -113,30 +123,10 @@ def _reply(result: Any, is_json: bool) -> web.Response:
     return web.Response(body=encode_frame(params, tensors), content_type=MEDIA_TYPE)
 
 
-async def _read_body(request: web.Request, limit: int) -> tuple[bytes, bool]:
+async def _read_body(request: web.Request, limit: int, name: str) -> tuple[bytes, bool]:
     """The body (zstd undone), refused past `limit` bytes before it is all read."""
-    if request.content_length is not None and request.content_length > limit:
-        raise PayloadTooLarge(f"body of {request.content_length} bytes exceeds {limit}")
-    # The swarm-key middleware may have read the body already (request.read() caches it).
-    body = getattr(request, "_read_bytes", None)
-    if body is None:
-        chunks, size = [], 0
-        async for chunk in request.content.iter_any():
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLarge(f"body exceeds the limit of {limit} bytes")
-            chunks.append(chunk)
-        body = b"".join(chunks)
-    elif len(body) > limit:
-        raise PayloadTooLarge(f"body of {len(body)} bytes exceeds {limit}")
-    encoding = request.headers.get("Content-Encoding", "").lower()
-    if encoding == "zstd":
-        # aiohttp may have decoded it already (auto_decompress): only a zstd magic remains
-        # to undo; neither a frame nor JSON can start with it.
-        if body.startswith(ZSTD_MAGIC):
-            body = decompress(body, max_bytes=limit)
-    elif encoding not in ("", "identity"):
-        raise BadRequest(f"unsupported Content-Encoding {encoding!r}; use zstd or none")
+    body = await read_body(request, limit, limit_name=name,
+                           idle_timeout_s=request.app[NODE].config.idle_timeout_s)  # fmt: skip
     return body, _is_json(request.content_type, body)
 
 
@@ -158,44 +148,70 @@ def _json(body: bytes) -> Any:
 
 
 async def _inference(request: web.Request) -> web.WebSocketResponse:
-    """One WebSocket: open -> session_opened, binary steps -> binary replies, close."""
+    """One WebSocket: open -> session_opened, binary steps -> binary replies, close. A socket
+    that has opened no session is closed after the node's idle timeout, one whose session is
+    silent after the session timeout (plus the idle timeout); a handshake proven with the swarm key opens one session."""
     server = request.app[BLOCK_SERVER]
+    if len(server.sockets) >= server.config.max_sockets:
+        raise Busy(f"this server has {len(server.sockets)} inference sockets open (limit "
+                   f"max_sockets={server.config.max_sockets}); retry shortly")  # fmt: skip
+    idle_s = request.app[NODE].config.idle_timeout_s
     ws = web.WebSocketResponse(max_msg_size=server.config.max_body_bytes)
     await ws.prepare(request)
     server.sockets.add(ws)
-    session_id: str | None = None
+    state = _SocketState(bound=AUTH_PROOF.get() is not None)
     try:
-        async for msg in ws:
+        while not ws.closed:
+            # a reaped session's next step still hears `unknown_session` before the socket goes
+            timeout = idle_s + (0 if state.session_id is None else server.config.session_timeout_s)
+            try:
+                msg = await ws.receive(timeout=timeout)
+            except asyncio.TimeoutError:
+                await ws.close(code=1001, message=b"idle")
+                break
             if msg.type == WSMsgType.TEXT:
-                session_id = await _on_text(server, ws, session_id, msg.data)
+                await _on_text(server, ws, state, msg.data)
             elif msg.type == WSMsgType.BINARY:
-                await _on_step(server, ws, session_id, msg.data)
-            elif msg.type == WSMsgType.ERROR:
+                await _on_step(server, ws, state.session_id, msg.data)
+            else:  # CLOSE, CLOSING, CLOSED, ERROR
                 break
     finally:
         server.sockets.discard(ws)
-        if session_id is not None:
-            server.sessions.close(session_id)
+        if state.session_id is not None:
+            server.sessions.close(state.session_id)
     return ws
 
 
-async def _on_text(server: BlockServer, ws: web.WebSocketResponse, sid: str | None, data: str):
+@dataclass
+class _SocketState:
+    bound: bool  # the handshake proved the swarm key: it opens one session, not a stream
+    session_id: str | None = None
+    opened: int = 0  # sessions opened on this socket
+
+
+async def _on_text(server: BlockServer, ws: web.WebSocketResponse, state: _SocketState,
+                   data: str) -> None:  # fmt: skip
     try:
         obj = _json(data.encode())
         kind = obj.get("type") if isinstance(obj, dict) else None
         if kind == "open":
             req = OpenSession.from_wire(obj)
-            if sid is not None:
+            if state.session_id is not None:
                 raise BadRequest("this socket already has a session; close it first")
+            if state.bound and state.opened:
+                raise BadRequest("this socket's handshake was proven for one session; "
+                                 "open a new socket for the next one")  # fmt: skip
             session, opened = await server.sessions.open(req)
+            state.session_id, state.opened = session.session_id, state.opened + 1
             await _send(ws, opened.to_wire())
-            return session.session_id
+            return
         if kind == "close":
             CloseSession.from_wire(obj)
-            if sid is not None:
-                server.sessions.close(sid)
+            if state.session_id is not None:
+                server.sessions.close(state.session_id)
+                state.session_id = None
             await _send(ws, {"type": "session_closed", "version": PROTOCOL_VERSION})
-            return None
+            return
         raise BadRequest(
             f"unexpected text message of type {kind!r}: send 'open' or 'close' as JSON "
             "and steps as binary tensor frames"
@@ -203,7 +219,6 @@ async def _on_text(server: BlockServer, ws: web.WebSocketResponse, sid: str | No
     except DriftError as exc:
         server.metrics.count("/inference:open", exc.status)
         await _send(ws, ErrorMessage(exc.code, exc.message).to_wire())
-        return sid
 
 
 async def _on_step(server: BlockServer, ws: web.WebSocketResponse, sid: str | None, data: bytes):

@@ -8,11 +8,14 @@ Knows nothing about WebSockets.
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from drift.server.backend import SpanBackend
 from drift.server.budget import CacheBudget
@@ -84,14 +87,24 @@ class SessionManager:
         return session
 
     async def step(self, session_id: str, req: StepRequest) -> StepResponse:
-        """`req` was validated against this session's limits at the wire edge."""
+        """`req` was validated against this session's limits at the wire edge. A long prefill
+        runs in chunks of the backend's `chunk_tokens`, so other sessions' steps run between
+        (a step carrying extras or asking for every block's states runs as one unit)."""
         session = self.get(session_id)
         session.busy = True
         try:
-            return await self.backend.run(self._step, session, req)
+            if req.extras or req.donate or req.block_states:
+                return await self.backend.run_chunk(functools.partial(self._step, session, req))
+            tokens, chunk = req.hidden_states.shape[1], self.backend.chunk_tokens
+            outs = []
+            for pos in range(0, tokens, chunk):
+                stop = min(tokens, pos + chunk)
+                outs.append(await self.backend.run_chunk(
+                    functools.partial(self._step_tokens, session, req, pos, stop)))  # fmt: skip
         finally:
             session.busy = False
             session.last_used = time.monotonic()
+        return StepResponse(req.step_id, outs[0] if len(outs) == 1 else torch.cat(outs, dim=1))
 
     @staticmethod
     def _step(session: Session, req: StepRequest) -> StepResponse:
@@ -103,6 +116,16 @@ class SessionManager:
         return StepResponse(
             req.step_id, out.to("cpu"), {k: v.to("cpu") for k, v in donated.items()}
         )
+
+    @staticmethod
+    def _step_tokens(session: Session, req: StepRequest, pos: int, stop: int) -> torch.Tensor:
+        """Tokens [pos, stop) of a plain step (beam reorder with the first chunk only)."""
+        mask = req.attention_mask
+        out, _ = session.cache.run(req.position + pos, req.hidden_states[:, pos:stop],
+                                   hypo_ids=req.hypo_ids if pos == 0 else None,
+                                   attention_mask=None if mask is None else mask[:, pos:stop],
+                                   prompts=req.prompts)  # fmt: skip
+        return out.to("cpu")
 
     def close(self, session_id: str) -> None:
         session = self.sessions.pop(session_id, None)

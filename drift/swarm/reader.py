@@ -20,9 +20,10 @@ import orjson
 
 from drift.identity import JoinToken
 from drift.swarm.coverage import Coverage, all_coverages
+from drift.swarm.dial import is_wrong_peer, peer_ssl
 from drift.swarm.record import PeerRecord
 from drift.swarm.table import MembershipTable
-from drift.wire.auth import auth_headers
+from drift.wire.auth import auth_headers, check_reply
 from drift.wire.errors import (
     BadRequest,
     DriftError,
@@ -46,19 +47,25 @@ class TableReply:
 
 
 async def fetch_table(
-    http: aiohttp.ClientSession, url: str, *, expect_peer_id: str | None,
+    http: aiohttp.ClientSession, url: str, *, expect_peer_id: str,
     swarm_key: str | None, timeout_s: float, connect_timeout_s: float | None = None,
 ) -> TableReply:  # fmt: skip
     """GET `url`/swarm; PeerUnavailable for network faults or the wrong peer, Unauthorized /
-    Forbidden (with what to do) when a private swarm refuses the key."""
+    Forbidden (with what to do) when a private swarm refuses the key, Forbidden when the
+    answer does not prove the key (in a private swarm only key holders' records count)."""
     started = time.monotonic()
     timeout = aiohttp.ClientTimeout(total=timeout_s, connect=connect_timeout_s)
+    sent = auth_headers(swarm_key, "GET", SWARM_PATH, peer_id=expect_peer_id)
     try:
-        async with http.get(url.rstrip("/") + SWARM_PATH, timeout=timeout,
-                            headers=auth_headers(swarm_key, "GET", SWARM_PATH)) as resp:  # fmt: skip
+        async with http.get(url.rstrip("/") + SWARM_PATH, timeout=timeout, headers=sent,
+                            ssl=peer_ssl(expect_peer_id)) as resp:  # fmt: skip
             body = await read_limited(resp, MAX_TABLE_BYTES)
             status = resp.status
+            headers = resp.headers
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        if is_wrong_peer(exc):
+            raise PeerUnavailable(f"the node at {url} is not {expect_peer_id}: its TLS "
+                                  "certificate proves another identity") from exc  # fmt: skip
         raise PeerUnavailable(f"cannot read {url}{SWARM_PATH}: {exc!r}") from exc
     try:
         data = orjson.loads(body)
@@ -68,10 +75,11 @@ async def fetch_table(
         raise _auth_error(url, status, data, swarm_key)
     if status != 200:
         raise from_payload(data, status)
+    check_reply(swarm_key, sent, status, headers, body, what=f"{url}{SWARM_PATH}")
     if not isinstance(data, dict) or not isinstance(data.get("records"), list):
         raise PeerUnavailable(f"{url}{SWARM_PATH} answered without a records list")
     peer_id = data.get("peer_id")
-    if expect_peer_id is not None and peer_id != expect_peer_id:
+    if peer_id != expect_peer_id:
         raise PeerUnavailable(f"the node at {url} is {peer_id!r}, not {expect_peer_id!r}")
     return TableReply(str(peer_id), data["records"], time.monotonic() - started)
 

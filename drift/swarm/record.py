@@ -20,6 +20,8 @@ from drift.wire.errors import BadRequest
 
 STATES = ("joining", "online", "offline")
 ROLES = ("server", "dht")
+MAX_RECORD_BYTES = 4096  # canonical JSON + signature; a real record is under 1 KiB
+MAX_ADDRS = 8  # addresses one record may announce
 
 _NUM = (int, float)
 # field -> (allowed python types, nullable)
@@ -125,8 +127,11 @@ class PeerRecord:
             if not ok:
                 raise BadRequest(f"membership record field {name!r} has a bad value {value!r}")
             values[name] = value
-        if not all(isinstance(a, str) for a in values["addrs"]):
-            raise BadRequest("membership record field 'addrs' must be a list of strings")
+        addrs = values["addrs"]
+        if len(addrs) > MAX_ADDRS or not all(isinstance(a, str) for a in addrs):
+            raise BadRequest(
+                f"membership record field 'addrs' must be a list of at most {MAX_ADDRS} strings"
+            )
         values["addrs"] = tuple(values["addrs"])
         signature = data.get("signature")
         if not isinstance(signature, str):
@@ -135,6 +140,9 @@ class PeerRecord:
             sorted((k, v) for k, v in data.items() if k not in _SCHEMA and k != "signature")
         )
         record = cls(**values, signature=signature, extra=extra)
+        size = len(record.canonical()) + len(signature)
+        if size > MAX_RECORD_BYTES:
+            raise BadRequest(f"membership record of {size} bytes exceeds {MAX_RECORD_BYTES} bytes")
         _check_consistent(record)
         return record
 
@@ -205,6 +213,7 @@ def record_fields() -> tuple[str, ...]:
 
 
 __all__ = [
+    "MAX_RECORD_BYTES",
     "PeerRecord",
     "canonical_bytes",
     "default_fields",

@@ -13,15 +13,17 @@ from typing import Any
 
 import orjson
 import torch
-import zstandard
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from drift.wire.errors import BadFrame, BadTensor, PayloadTooLarge
+from drift.wire.zstd import compress, decompress  # noqa: F401  (re-exported)
 
 MEDIA_TYPE = "application/vnd.drift.tensors"
 METADATA_KEY = "drift"
 MAX_HEADER_BYTES = 1 << 20  # a frame header (JSON) larger than 1 MiB is refused
+MAX_RANK = 8  # dimensions of one tensor
+MAX_DIM = (1 << 31) - 1  # largest size of one dimension (a shape that lies is refused)
 
 # safetensors dtype tag -> (torch dtype, bytes per element); only these travel.
 WIRE_DTYPES: dict[str, tuple[torch.dtype, int]] = {
@@ -176,10 +178,11 @@ def _check_entries(header: dict[str, Any], data_len: int) -> None:
         if not _int_list(shape) or not _int_list(offsets) or len(offsets) != 2:
             raise BadFrame(f"tensor {name!r} has a malformed shape or data_offsets")
         begin, end = offsets
+        if len(shape) > MAX_RANK or any(not 0 <= dim <= MAX_DIM for dim in shape):
+            raise BadFrame(f"tensor {name!r} has shape {shape[:MAX_RANK + 1]}: at most "
+                           f"{MAX_RANK} dimensions, each in [0, {MAX_DIM}]")  # fmt: skip
         count = 1
         for dim in shape:
-            if dim < 0:
-                raise BadFrame(f"tensor {name!r} has a negative dimension in {shape}")
             count *= dim
         if not 0 <= begin <= end <= data_len:
             raise BadFrame(
@@ -205,25 +208,3 @@ def _int_list(value: Any) -> bool:
     return isinstance(value, list) and all(
         isinstance(v, int) and not isinstance(v, bool) for v in value
     )
-
-
-def compress(body: bytes, level: int = 3) -> bytes:
-    """zstd-compress a body (for `Content-Encoding: zstd`)."""
-    return zstandard.ZstdCompressor(level=level).compress(body)
-
-
-def decompress(body: bytes, *, max_bytes: int) -> bytes:
-    """Undo `Content-Encoding: zstd`, refusing output past max_bytes (no zip bombs)."""
-    reader = zstandard.ZstdDecompressor().stream_reader(body)
-    try:
-        out = reader.read(max_bytes + 1)
-        while len(out) <= max_bytes:
-            more = reader.read(max_bytes + 1 - len(out))
-            if not more:
-                break
-            out += more
-    except zstandard.ZstdError as exc:
-        raise BadFrame(f"body is not valid zstd: {exc}") from exc
-    if len(out) > max_bytes:
-        raise PayloadTooLarge(f"decompressed body exceeds the limit of {max_bytes} bytes")
-    return out

@@ -56,5 +56,5 @@ def test_no_bearer_token_is_sent():
     """The key itself never leaves the client: only an HMAC proof."""
     from drift.client.transport import auth_headers
 
-    headers = auth_headers(KEY, "POST", "/forward", b"body")
+    headers = auth_headers(KEY, "POST", "/forward", b"body", peer_id="12D3KooWx")
     assert set(headers) == {AUTH_HEADER} and KEY not in headers[AUTH_HEADER]

@@ -48,3 +48,28 @@ async def test_client_survives_losing_its_initial_peer(tiny_dirs, swarm_model):
     await asyncio.to_thread(model.client.run, model.client.swarm.refresh(force=True))
     live = {s.peer_id for s in model.client.swarm.servers(model.client.model_fingerprint)}
     assert seed_id not in live and len(live) == 2
+
+
+async def test_peers_banned_a_moment_ago_are_waited_for_not_missing(tiny_dirs, swarm_model):
+    """Every server of a span just failed once (a needless timeout under load, say): routing
+    waits for the shortest way back rather than calling the blocks missing."""
+    model_dir = tiny_dirs("llama")
+    ids = torch.tensor([[9, 8, 7, 6]])
+    config = ClientConfig(ban_base_s=0.3, ban_max_s=1.0)
+    swarm, model = await swarm_model(model_dir, [(0, 2), (2, 4), (2, 4)], client_config=config)
+    ref = await asyncio.to_thread(model.generate, ids, max_new_tokens=4, do_sample=False)
+    upper = [s.node.peer_id for s in swarm.servers[1:]]
+    for peer in upper:
+        model.client.bans.ban(peer)
+    assert model.client.swarm.ban_wait(model.client.model_fingerprint, 2, 4) > 0
+    assert model.client.swarm.ban_wait(model.client.model_fingerprint, 0, 2) == 0.0
+    out = await asyncio.to_thread(model.generate, ids, max_new_tokens=4, do_sample=False)
+    assert torch.equal(out, ref)
+    for peer in upper:  # failing again and again: gone, not a blip
+        model.client.bans.ban(peer)
+        model.client.bans.ban(peer)
+    assert model.client.swarm.ban_wait(model.client.model_fingerprint, 2, 4) is None
+    await swarm.stop(swarm.servers[2])
+    await swarm.stop(swarm.servers[1])
+    await asyncio.to_thread(model.client.run, model.client.swarm.refresh(force=True))
+    assert model.client.swarm.ban_wait(model.client.model_fingerprint, 2, 4) is None

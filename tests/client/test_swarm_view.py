@@ -39,7 +39,7 @@ class DoctoredMember:
     def __init__(self) -> None:
         self.identity = Identity.generate()
         self.records: list[Any] = []
-        self.token = JoinToken(self.identity.peer_id, "127.0.0.1", 0)
+        self.token = JoinToken(self.identity.peer_id, "127.0.0.1", 0, tls=False)  # plain HTTP
 
     async def swarm(self, request: web.Request) -> web.Response:
         return web.json_response({"peer_id": self.identity.peer_id, "records": self.records})

@@ -40,7 +40,7 @@ def full_argv(service: dict) -> list[str]:
     """The arguments `drift` receives in this service (the join wrapper appends the seed)."""
     argv = list(service["command"])
     if service.get("entrypoint"):
-        argv += ["--initial_peers", f"drift://{FAKE_PEER}@172.28.0.10:31337"]
+        argv += ["--initial_peers", f"drift://{FAKE_PEER}@172.28.0.10:31337?tls=off"]
     return argv
 
 

@@ -40,10 +40,24 @@ def test_swarm_key_in_query_round_trips_with_odd_characters() -> None:
 
 
 def test_url_and_lists() -> None:
-    assert JoinToken(PID, "::1", 5).url == "http://[::1]:5"
+    assert JoinToken(PID, "::1", 5).url == "https://[::1]:5"
+    assert JoinToken(PID, "::1", 5, tls=False).url == "http://[::1]:5"
     tokens = parse_join_tokens(f"drift://{PID}@a.b:1, /ip4/1.2.3.4/tcp/2/p2p/{PID},")
     assert [(t.host, t.port) for t in tokens] == [("a.b", 1), ("1.2.3.4", 2)]
     assert parse_join_token(f"/dns4/a.b/tcp/3/p2p/{PID}").host == "a.b"
+
+
+def test_plain_http_is_said_in_both_forms() -> None:
+    """TLS is the default; a plain node's token says tls=off (multiaddr: /http)."""
+    plain = JoinToken(PID, "10.0.0.2", 8080, "k&y", tls=False)
+    assert plain.to_drift().endswith("&tls=off") and parse_join_token(plain.to_drift()) == plain
+    assert plain.to_drift(with_key=False) == f"drift://{PID}@10.0.0.2:8080?tls=off"
+    assert plain.to_multiaddr() == f"/ip4/10.0.0.2/tcp/8080/http/p2p/{PID}"
+    assert parse_join_token(plain.to_multiaddr()) == JoinToken(PID, "10.0.0.2", 8080, tls=False)
+    assert parse_join_token(f"/ip4/10.0.0.2/tcp/8080/tls/p2p/{PID}").tls
+    assert parse_join_token(f"drift://{PID}@10.0.0.2:8080?tls=on").tls
+    with pytest.raises(BadRequest, match="tls="):
+        parse_join_token(f"drift://{PID}@10.0.0.2:8080?tls=maybe")
 
 
 @pytest.mark.parametrize(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 
 import aiohttp
 import orjson
 import pytest
 
+from drift.identity import Identity
 from drift.node import auth_headers
 from drift.node.auth import AUTH_HEADER, bearer_headers
 from drift.wire.errors import Forbidden, Unauthorized
@@ -97,29 +99,40 @@ async def test_dashboard_static_files_and_fallback(nodes: Nodes, tmp_path) -> No
 
 
 def test_hmac_headers_check_and_reject() -> None:
-    from drift.node.auth import check_auth
+    from drift.wire.auth import check_body, check_request
 
-    now = time.time()
+    now, me = time.time(), Identity.generate().peer_id
     body = b'{"records": []}'
-    headers = auth_headers("k3y", "POST", "/swarm/gossip?x=1", body, now=now)
-    check_auth("k3y", "POST", "/swarm/gossip", headers, body, now=now, max_skew_s=60)
-    for key, method, path, data, when in [
-        ("other", "POST", "/swarm/gossip", body, now),  # wrong key
-        ("k3y", "GET", "/swarm/gossip", body, now),  # other method
-        ("k3y", "POST", "/swarm", body, now),  # other path
-        ("k3y", "POST", "/swarm/gossip", b"{}", now),  # other body
-        ("k3y", "POST", "/swarm/gossip", body, now + 120),  # stale timestamp
+    headers = auth_headers("k3y", "POST", "/swarm/gossip?x=1", body, peer_id=me, now=now)
+
+    def check(key="k3y", method="POST", path="/swarm/gossip", query="x=1", hdrs=None, when=now,
+              to=me):  # fmt: skip
+        return check_request(key, method, path, query, headers if hdrs is None else hdrs,
+                             peer_id=to, now=when, max_skew_s=60, replay=None)  # fmt: skip
+
+    proof = check()
+    check_body(proof, hashlib.sha256(body).hexdigest())
+    with pytest.raises(Forbidden, match="body"):
+        check_body(proof, hashlib.sha256(b"{}").hexdigest())  # other body
+    for kwargs in [
+        {"key": "other"},  # wrong key
+        {"method": "GET"},  # other method
+        {"path": "/swarm"},  # other path
+        {"query": "x=2"},  # other query
+        {"query": ""},  # query dropped
+        {"when": now + 120},  # stale timestamp
+        {"to": Identity.generate().peer_id},  # meant for another node
     ]:
         with pytest.raises(Forbidden):
-            check_auth(key, method, path, headers, data, now=when, max_skew_s=60)
+            check(**kwargs)
     with pytest.raises(Unauthorized):
-        check_auth("k3y", "GET", "/swarm", {}, b"", now=now, max_skew_s=60)
+        check(hdrs={})
     with pytest.raises(Unauthorized):
-        check_auth("k3y", "GET", "/swarm", {AUTH_HEADER: "garbage"}, b"", now=now, max_skew_s=60)
-    check_auth("k3y", "GET", "/swarm", bearer_headers("k3y"), b"", now=now, max_skew_s=60)
+        check(hdrs={AUTH_HEADER: "garbage"})
+    check(method="GET", hdrs=bearer_headers("k3y"))
     with pytest.raises(Forbidden):
-        check_auth("k3y", "GET", "/swarm", bearer_headers("k3x"), b"", now=now, max_skew_s=60)
-    assert auth_headers(None, "GET", "/swarm") == {}
+        check(method="GET", hdrs=bearer_headers("k3x"))
+    assert auth_headers(None, "GET", "/swarm", peer_id=me) == {}
 
 
 async def test_private_swarm_refuses_callers_without_the_key(nodes: Nodes) -> None:
@@ -134,7 +147,8 @@ async def test_private_swarm_refuses_callers_without_the_key(nodes: Nodes) -> No
     status, body, _ = await get(base + "/swarm/coverage", bearer_headers("wrong"))
     assert status == 403 and body["error"]["code"] == "forbidden"  # type: ignore[index]
     assert (await get(base + "/swarm", bearer_headers("s3cret")))[0] == 200
-    assert (await get(base + "/swarm", auth_headers("s3cret", "GET", "/swarm")))[0] == 200
+    proof = auth_headers("s3cret", "GET", "/swarm", peer_id=seed.peer_id)
+    assert (await get(base + "/swarm", proof))[0] == 200
 
     # joining: a node without the key / with a wrong key cannot; one with it can
     outsider, _ = await nodes.start()

@@ -54,13 +54,13 @@ async def test_silent_peer_expires(nodes: Nodes) -> None:
 
 async def test_join_checks_the_seed_holds_the_peer_id(nodes: Nodes) -> None:
     seed, _ = await nodes.start()
-    impostor_token = JoinToken(Identity.generate().peer_id, "127.0.0.1", seed.port or 0)
+    impostor_token = JoinToken(Identity.generate().peer_id, "127.0.0.1", seed.port or 0, tls=False)
     joiner, _ = await nodes.start()
     with pytest.raises(Forbidden, match="is not peer"):
         await joiner.join(impostor_token)
     assert seed.peer_id not in live_ids(joiner)
     with pytest.raises(PeerUnavailable):
-        await joiner.join(JoinToken(seed.peer_id, "127.0.0.1", 1))
+        await joiner.join(JoinToken(seed.peer_id, "127.0.0.1", 1, tls=False))
     await joiner.join(seed.join_token())
     assert seed.peer_id in live_ids(joiner)
 

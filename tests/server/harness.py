@@ -32,11 +32,12 @@ class RunningServer:
 
 async def start_block_server(
     model_dir: Path, start_block: int, end_block: int, *, swarm_key: str | None = None,
-    initial_peers: tuple[Any, ...] = (), **overrides: Any,
+    initial_peers: tuple[Any, ...] = (), node: dict[str, Any] | None = None, **overrides: Any,
 ) -> RunningServer:  # fmt: skip
     """A real server for blocks [start_block, end_block) of the checkpoint at model_dir.
 
-    `overrides` are ServerConfig fields (throughput defaults to 100 to skip the benchmark).
+    `overrides` are ServerConfig fields (throughput defaults to 100 to skip the benchmark),
+    `node` NodeConfig fields.
     """
     config = ServerConfig(
         model=str(model_dir), start_block=start_block, end_block=end_block, device="cpu",
@@ -54,6 +55,7 @@ async def start_block_server(
             gossip_interval_s=0.5,
             record_ttl_s=5.0,
             client_max_size=config.max_body_bytes,
+            **(node or {}),
         ),  # fmt: skip
     )
     app = build_node_app(node)

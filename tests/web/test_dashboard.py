@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 import pytest
 import torch
+from aiohttp import web
 from transformers import AutoModelForCausalLM
 
 from drift.identity import Identity
@@ -71,13 +72,23 @@ class Swarm:
         self.runners: list[RunningApp | RunningServer] = []
         self.nodes: list[MembershipNode] = []
 
-    async def add_seed(self) -> MembershipNode:
+    async def add_seed(self, spy: list[dict[str, str]] | None = None) -> MembershipNode:
+        """The seed; with `spy`, the headers of every request it gets are appended to it."""
         config = NodeConfig(
             host="127.0.0.1", port=0, swarm_key=self.swarm_key, gossip_interval_s=0.3,
             request_timeout_s=2.0,
         )  # fmt: skip
         node = MembershipNode(Identity.generate(), config)
-        self.runners.append(await start_app(build_node_app(node), "127.0.0.1", 0))
+        app = build_node_app(node)
+        if spy is not None:
+
+            @web.middleware
+            async def record(request: web.Request, handler):  # type: ignore[no-untyped-def]
+                spy.append(dict(request.headers))
+                return await handler(request)
+
+            app.middlewares.insert(0, record)
+        self.runners.append(await start_app(app, "127.0.0.1", 0))
         self.nodes.append(node)
         return node
 
@@ -202,7 +213,7 @@ async def test_dashboard_shows_real_swarm(swarm: Swarm, tmp_path: Path) -> None:
         join = await page.evaluate(
             "document.querySelector('[data-testid=join-command]').textContent"
         )
-        assert join == f"drift up {model} --join drift://{seed.peer_id}@{seed.addrs[0][7:]}"
+        assert join == f"drift up {model} --join drift://{seed.peer_id}@{seed.addrs[0][7:]}?tls=off"
         assert await page.evaluate("document.body.dataset.state") == "ok"
         await page.screenshot(tmp_path / "dashboard_missing.png")
 
@@ -268,7 +279,8 @@ async def test_dashboard_reports_unreachable_node(swarms: Callable[..., Swarm]) 
 @pytest.mark.timeout(180)
 async def test_private_swarm_asks_for_key(swarms: Callable[..., Swarm], tiny_llama6: Path) -> None:
     swarm = swarms(tiny_llama6, swarm_key="s3cret-key")
-    seed = await swarm.add_seed()
+    heard: list[dict[str, str]] = []
+    seed = await swarm.add_seed(spy=heard)
     await swarm.add_server(0, NUM_BLOCKS)
     await wait_all_see(swarm, 2)
     async with Browser.start() as page:
@@ -286,3 +298,6 @@ async def test_private_swarm_asks_for_key(swarms: Callable[..., Swarm], tiny_lla
         await page.wait_for(f"{ROWS}.length === 2 && document.body.dataset.state === 'ok'")
         assert await page.evaluate("document.querySelector('[data-testid=key-form]').hidden")
         assert await page.evaluate(MISSING) == []
+    # the page proved the key with an HMAC; the key itself never reached the node
+    assert any("X-Drift-Auth" in h for h in heard)
+    assert not any("s3cret-key" in json.dumps(h) or "Authorization" in h for h in heard)

@@ -1,0 +1,109 @@
+"""Where the CLI's secrets come from, and keeping them out of sight.
+
+A secret (the swarm key, API keys) comes from, in this order: its flag (visible in the
+process list, so a warning says so), its key file flag (`--swarm_key_file`, one line), its
+environment variable (`DRIFT_SWARM_KEY`, `DRIFT_API_KEY`), or, for the swarm key, the
+`?key=` of a join token. `scrub_argv` hides secrets in a command line before it is stored
+anywhere; `new_swarm_key`/`write_key_file` make the key of a new private swarm (mode 0600).
+One small piece the commands call, so a config file can be added beside it later.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from drift.identity import JoinToken
+from drift.wire.errors import BadRequest
+
+log = logging.getLogger("drift.secrets")
+
+SWARM_KEY_ENV = "DRIFT_SWARM_KEY"
+API_KEY_ENV = "DRIFT_API_KEY"
+SECRET_FLAGS = ("--swarm_key", "--api_key")  # flags whose value is a secret
+HIDDEN = "***"
+_TOKEN_KEY = re.compile(r"([?&]key=)[^&\s]*")
+
+
+def read_key_file(path: str | os.PathLike[str]) -> str:
+    """The key in a file (its first line, stripped); BadRequest naming the file otherwise."""
+    path = Path(path).expanduser()
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise BadRequest(f"cannot read key file {path}: {exc.strerror}") from exc
+    key = text.strip().splitlines()[0].strip() if text.strip() else ""
+    if not key:
+        raise BadRequest(f"key file {path} is empty")
+    if os.name == "posix" and path.stat().st_mode & 0o077:
+        log.warning("key file %s is readable by other users: chmod 600 %s", path, path)
+    return key
+
+
+def swarm_key_from(
+    flag: str | None, key_file: str | None, tokens: Sequence[JoinToken] = (),
+    env: Mapping[str, str] | None = None,
+) -> str | None:  # fmt: skip
+    """The swarm key: --swarm_key, --swarm_key_file, $DRIFT_SWARM_KEY, or a token's ?key=."""
+    env = os.environ if env is None else env
+    if flag:
+        log.warning("--swarm_key shows the key in the process list: prefer --swarm_key_file "
+                    "or $%s", SWARM_KEY_ENV)  # fmt: skip
+        return flag
+    if key_file:
+        return read_key_file(key_file)
+    if env.get(SWARM_KEY_ENV):
+        return env[SWARM_KEY_ENV]
+    return next((t.swarm_key for t in tokens if t.swarm_key), None)
+
+
+def api_keys_from(flags: Sequence[str], key_file: str | None,
+                  env: Mapping[str, str] | None = None) -> tuple[str, ...]:  # fmt: skip
+    """Accepted API keys: every --api_key, the lines of --api_key_file, and $DRIFT_API_KEY
+    (comma-separated)."""
+    env = os.environ if env is None else env
+    keys = list(flags)
+    if flags:
+        log.warning("--api_key shows the key in the process list: prefer --api_key_file or $%s",
+                    API_KEY_ENV)  # fmt: skip
+    if key_file:
+        path = Path(key_file).expanduser()
+        read_key_file(path)  # the same checks (exists, not empty, permissions)
+        keys += [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    keys += [k.strip() for k in env.get(API_KEY_ENV, "").split(",") if k.strip()]
+    return tuple(dict.fromkeys(keys))
+
+
+def scrub_argv(argv: Sequence[str]) -> list[str]:
+    """`argv` with the values of secret flags and tokens' ?key= replaced by ***."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append(HIDDEN)
+            hide_next = False
+            continue
+        name, eq, _ = arg.partition("=")
+        if name in SECRET_FLAGS:
+            out.append(f"{name}={HIDDEN}" if eq else arg)
+            hide_next = not eq
+            continue
+        out.append(_TOKEN_KEY.sub(rf"\g<1>{HIDDEN}", arg))
+    return out
+
+
+def new_swarm_key() -> str:
+    """A fresh random swarm key (256 bits, URL-safe)."""
+    return secrets.token_urlsafe(32)
+
+
+def write_key_file(path: Path, key: str) -> None:
+    """Write `key` to a new file readable by its owner only (FileExistsError if present)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")

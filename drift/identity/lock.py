@@ -1,0 +1,73 @@
+"""One running node per identity file: an exclusive lock held for the process's lifetime.
+
+`lock_identity(path)` takes an advisory lock on `<path>.lock` (which records the holder's
+pid) or raises IdentityInUse naming that pid and what to do. The operating system drops the
+lock when the process dies, however it dies. POSIX only (fcntl); elsewhere it is a no-op.
+Knows nothing about keys, records or the network.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from drift.wire.errors import DriftError
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+
+class IdentityInUse(DriftError):
+    code = "identity_in_use"
+    status = 409
+
+    def __init__(self, path: Path, pid: int | None) -> None:
+        holder = f"pid {pid}" if pid else "another process"
+        super().__init__(
+            f"identity file {path} is in use by {holder}: two nodes with one identity would "
+            "fight over one peer id. Stop that process (drift down), or give this one its own "
+            "--identity_path",
+            pid=pid,
+        )
+        self.path, self.pid = path, pid
+
+
+@dataclass
+class IdentityLock:
+    path: Path  # the identity file this lock guards
+    fd: int | None  # the open lock file (None: locking unsupported here, or released)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing drops the flock
+            self.fd = None
+
+
+def lock_identity(path: str | os.PathLike[str]) -> IdentityLock:
+    """Hold `<path>.lock` exclusively; IdentityInUse if another process holds it."""
+    path = Path(path)
+    if fcntl is None:
+        return IdentityLock(path, None)
+    lock_path = path.with_name(path.name + ".lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = _read_pid(fd)
+        os.close(fd)
+        raise IdentityInUse(path, holder) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return IdentityLock(path, fd)
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 32, 0).decode().strip()
+        return int(text) if text.isdigit() else None
+    except OSError:
+        return None

@@ -1,0 +1,90 @@
+"""Which gossiped records a node trusts: admission before the membership table.
+
+In a private swarm every record arrives over an exchange proven with the swarm key, so it goes
+straight to the table. In an open swarm a record of a peer not yet known (or known at other
+addresses) waits in a bounded queue until this node has dialled its address and the peer
+proved its id there; a flood of unreachable identities fills only that queue, never the table.
+Peers that failed a dial are not retried for a while. Pure bookkeeping: the dialling is the
+node's (MembershipNode.dial_pending).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+
+from drift.swarm import MembershipTable, PeerRecord
+
+
+@dataclass(frozen=True)
+class AdmissionLimits:
+    max_pending: int = 256  # records waiting for a dial; more are dropped until dials finish
+    max_unreachable: int = 4096  # remembered failed peers (oldest forgotten first)
+    retry_after_s: float = 60.0  # a peer whose dial failed is not dialled again this soon
+
+
+class Admission:
+    def __init__(self, table: MembershipTable, *, open_swarm: bool,
+                 limits: AdmissionLimits = AdmissionLimits()) -> None:  # fmt: skip
+        self.table = table
+        self.open_swarm = open_swarm
+        self.limits = limits
+        self.pending: OrderedDict[str, PeerRecord] = OrderedDict()
+        self.unreachable: OrderedDict[str, float] = OrderedDict()  # peer id -> retry time
+        self.dropped: Counter[str] = Counter()
+
+    def offer(self, records: list[PeerRecord], now: float) -> int:
+        """Merge what can be trusted now, queue the rest for a dial; returns #merged."""
+        merged = 0
+        for record in records:
+            if not self.open_swarm or self._known_here(record):
+                merged += self.table.merge(record, now)
+            else:
+                self._queue(record, now)
+        return merged
+
+    def _known_here(self, record: PeerRecord) -> bool:
+        """Already verified at these addresses, going offline, or older than what is held:
+        the table decides without a dial."""
+        held = self.table.get(record.peer_id)
+        if held is None:
+            return False
+        return (record.state == "offline" or record.seq <= held.seq
+                or set(record.addrs) == set(held.addrs))  # fmt: skip
+
+    def _queue(self, record: PeerRecord, now: float) -> None:
+        if record.state == "offline" or not record.addrs or record.expires_at <= now:
+            return  # nothing to dial, nothing worth trusting
+        if self.unreachable.get(record.peer_id, 0.0) > now:
+            self.dropped["unreachable"] += 1
+            return
+        queued = self.pending.get(record.peer_id)
+        if queued is not None:
+            if record.seq > queued.seq:
+                self.pending[record.peer_id] = record
+            return
+        if len(self.pending) >= self.limits.max_pending:
+            self.dropped["pending_full"] += 1
+            return
+        if not record.verify():  # signatures are checked before anything is dialled
+            self.table.rejected["bad_signature"] += 1
+            return
+        self.pending[record.peer_id] = record
+
+    def take(self, n: int) -> list[PeerRecord]:
+        """Up to `n` queued records to dial, oldest first (removed from the queue)."""
+        out: list[PeerRecord] = []
+        while self.pending and len(out) < n:
+            out.append(self.pending.popitem(last=False)[1])
+        return out
+
+    def dialled(self, record: PeerRecord, ok: bool, now: float) -> None:
+        """The outcome of dialling `record`'s address: trusted, or not retried for a while."""
+        if ok:
+            self.unreachable.pop(record.peer_id, None)
+            self.table.merge(record, now)
+            return
+        self.unreachable[record.peer_id] = now + self.limits.retry_after_s
+        self.unreachable.move_to_end(record.peer_id)
+        while len(self.unreachable) > self.limits.max_unreachable:
+            self.unreachable.popitem(last=False)

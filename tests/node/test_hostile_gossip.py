@@ -1,0 +1,163 @@
+"""Issue 16, findings 1, 2 and 6: gossip that one hostile request cannot break.
+
+A flood of self-signed records of unreachable identities (each choosing a far expiry) must
+not push a real server out of the seed's table; a graceful leave costs the same at any table
+size; an oversized record is refused and a huge gossip reply is not read past a limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from drift.identity import Identity
+from drift.node.gossip import exchange, new_nonce
+from drift.swarm import canonical_bytes, default_fields, sign_record
+from drift.wire.errors import BadRequest, PeerUnavailable
+from tests.node.node_helpers import Nodes, live_ids, wait_for
+
+TEN_YEARS = 10 * 365 * 86400.0
+
+
+def fake_server_record(*, addr: str = "http://127.0.0.1:9", pad: int = 0) -> dict:
+    """A validly signed record of a fresh identity claiming every block, far in the future."""
+    ident = Identity.generate()
+    fields = default_fields(ident.peer_id, [addr], "0.1.0")
+    fields.update(role="server", model="tiny", model_fingerprint="f00d", num_blocks=4,
+                  start_block=0, end_block=4, dtype="float32", quant="none", throughput=1e9,
+                  seq=int(time.time() * 1e6), expires_at=time.time() + TEN_YEARS)  # fmt: skip
+    if not pad:
+        return sign_record(ident, fields).to_wire()
+    fields["model"] = "x" * pad  # signed by hand: sign_record itself refuses an oversized record
+    signature = ident.sign(canonical_bytes(fields))
+    return {**fields, "signature": base64.b64encode(signature).decode("ascii")}
+
+
+async def post_gossip(port: int, records: list[dict]) -> int:
+    body = orjson.dumps({"peer_id": "attacker", "records": records, "nonce": new_nonce()})
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"http://127.0.0.1:{port}/swarm/gossip", data=body,
+                             headers={"Content-Type": "application/json"}) as resp:  # fmt: skip
+            await resp.read()
+            return resp.status
+
+
+async def test_membership_flood_cannot_push_a_real_server_out(nodes: Nodes) -> None:
+    """Finding 1: 1,000 self-signed unreachable records with a 10-year expiry."""
+    seed, seed_run = await nodes.start()
+    server, _ = await nodes.start(seed.join_token())
+    server.announce(role="server", model="tiny", model_fingerprint="f00d", num_blocks=4,
+                    start_block=0, end_block=4, throughput=5.0)  # fmt: skip
+    await wait_for(lambda: server.peer_id in live_ids(seed), 5, "server to join")
+    flood = [fake_server_record() for _ in range(1000)]
+    for i in range(0, len(flood), 250):
+        await post_gossip(seed_run.port, flood[i : i + 250])
+    fakes = {r["peer_id"] for r in flood}
+    await asyncio.sleep(3 * seed.config.record_ttl_s)  # several TTLs of gossip rounds
+    seen = live_ids(seed)
+    assert server.peer_id in seen, "the real server was pushed out of the seed's table"
+    assert not fakes & seen, f"{len(fakes & seen)} unreachable identities are trusted"
+    assert not fakes & live_ids(server), "the flood spread to the server"
+    assert len(seed.table) <= seed.config.max_records
+    # a record's own expiry never outlives the node's TTL
+    for record in seed.table.records():
+        assert seed.table.deadline(record.peer_id) <= time.time() + seed.config.record_ttl_s
+
+
+async def test_graceful_leave_costs_the_same_at_any_table_size(nodes: Nodes) -> None:
+    """Finding 2: leaving with 300 live peers sends a bounded amount, quickly."""
+    received = {"bytes": 0, "posts": 0}
+
+    async def sink(request: web.Request) -> web.Response:
+        received["bytes"] += len(await request.read())
+        received["posts"] += 1
+        return web.json_response({"error": {"code": "not_found", "message": "x"}}, status=404)
+
+    app = web.Application(client_max_size=1 << 30)
+    app.router.add_post("/swarm/gossip", sink)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        node, _ = await nodes.start(leave_timeout_s=5.0)
+        now = time.time()
+        for _ in range(300):
+            ident = Identity.generate()
+            fields = default_fields(ident.peer_id, [f"http://127.0.0.1:{port}"], "0.1.0")
+            fields.update(seq=1, expires_at=now + 60)
+            node.table.merge(sign_record(ident, fields), now)
+        started = time.monotonic()
+        await nodes.stop(node)
+        took = time.monotonic() - started
+    finally:
+        await runner.cleanup()
+    assert received["posts"] <= 8, received
+    assert received["bytes"] <= 64 * 1024, received
+    assert took < 3.0
+
+
+async def test_oversized_record_is_refused_and_the_server_stays(nodes: Nodes) -> None:
+    """Finding 6: a validly signed 5 MiB record must not wedge server -> seed gossip."""
+    seed, _ = await nodes.start()
+    server, server_run = await nodes.start(seed.join_token(), client_max_size=64 << 20)
+    await wait_for(lambda: server.peer_id in live_ids(seed), 5, "server to join")
+    big = fake_server_record(addr=f"http://127.0.0.1:{server_run.port}", pad=5 << 20)
+    await post_gossip(server_run.port, [big])
+    assert big["peer_id"] not in server.table
+    await asyncio.sleep(2 * seed.config.record_ttl_s)
+    assert server.peer_id in live_ids(seed)
+    with pytest.raises(BadRequest, match="bytes"):
+        from drift.swarm import PeerRecord
+
+        PeerRecord.from_wire(big)
+
+
+async def test_gossip_reply_is_read_with_a_limit() -> None:
+    """Finding 6: a peer answering gossip with a huge body is refused before it is all read."""
+
+    async def huge(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        await resp.write(b'{"records": [')
+        chunk = b'"' + b"x" * (1 << 20) + b'",'
+        try:
+            for _ in range(64):
+                await resp.write(chunk)
+        except (ConnectionError, RuntimeError):
+            pass
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/swarm/gossip", huge)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = runner.addresses[0][1]
+    try:
+        async with aiohttp.ClientSession() as http:
+            with pytest.raises(PeerUnavailable, match="more than"):
+                await exchange(http, f"http://127.0.0.1:{port}",
+                               {"peer_id": "x", "records": [], "nonce": new_nonce()},
+                               expect_peer_id=Identity.generate().peer_id, swarm_key=None,
+                               timeout_s=10)  # fmt: skip
+    finally:
+        await runner.cleanup()
+
+
+async def test_half_open_sockets_are_closed(nodes: Nodes) -> None:
+    """Finding 7: a connection whose request never finishes is closed after the idle timeout."""
+    _, running = await nodes.start(idle_timeout_s=0.5)
+    reader, writer = await asyncio.open_connection("127.0.0.1", running.port)
+    writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # the headers never end
+    await writer.drain()
+    data = await asyncio.wait_for(reader.read(), 30)  # the server closes it (or this times out)
+    assert data == b""
+    writer.close()
