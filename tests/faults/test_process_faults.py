@@ -29,7 +29,7 @@ from drift.client import AutoDistributedModelForCausalLM, ClientConfig
 from drift.client import transport as client_transport
 from drift.swarm.reader import read_swarm_blocking
 from drift.wire.errors import MissingBlocks
-from tests.faults.procs import RECORD_TTL_S, Member, dht, online, server, wait_online
+from tests.faults.procs import RECORD_TTL_S, Member, dht, server, wait_online
 from tests.tiny_models import save_tiny
 
 pytestmark = pytest.mark.timeout(600)
@@ -354,12 +354,19 @@ def test_the_seed_dies(swarm, model, reference):
     """The only peer the client was given dies: generation goes on; the servers keep their
     swarm; the seed, restarted, learns the swarm again from its members."""
     assert torch.equal(generate(model), reference)
-    swarm.seed.kill()
-    time.sleep(RECORD_TTL_S + 1)  # the seed's record is gone everywhere
-    assert torch.equal(generate(model), reference)
     servers = {m.peer_id for m in (swarm.c, swarm.a, swarm.b)}
-    assert servers <= online(swarm.c.token)  # type: ignore[arg-type]
-    swarm.seed.start()
+    swarm.seed.kill()
+    try:
+        time.sleep(RECORD_TTL_S + 1)  # the seed's record is gone everywhere
+        assert torch.equal(generate(model), reference)
+        # Membership is eventually consistent: on a loaded machine a record may lapse for a
+        # moment between re-signings (5 s TTL here), so the servers must list each other
+        # again within a few gossip rounds, without the seed.
+        wait_online(swarm.c.token, servers, timeout=30)  # type: ignore[arg-type]
+        live = {r.peer_id for r in read_swarm_blocking([swarm.c.token]).live()}  # type: ignore[list-item]
+        assert swarm.seed.peer_id not in live
+    finally:
+        swarm.seed.start()  # later tests join through the seed
     wait_online(swarm.seed.token, servers)  # type: ignore[arg-type]
 
 
