@@ -36,3 +36,5 @@ class ServerConfig:
     throughput: float | None = None  # block-tokens/s of one block; None: measured at start
     cache_dir: Path | None = None  # where the throughput measurement is cached (None: none)
     revision: str | None = None  # Hub revision of the model, when it comes from the Hub
+    # LoRA adapters served beside the base blocks: (name, peft adapter directory or Hub id)
+    adapters: tuple[tuple[str, str], ...] = ()

@@ -1,0 +1,110 @@
+"""LoRA through the swarm: adapters served with --adapters, and LoRA trained by the client,
+both compared with plain peft on the local model (same weights, same batch)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import AutoModelForCausalLM
+
+from drift.wire.errors import BadRequest, MissingBlocks
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+IDS = torch.tensor([[5, 17, 42, 99, 7, 3], [8, 9, 10, 11, 12, 13]])
+
+
+def _peft_adapter(model_dir, out_dir, seed=0, targets=TARGETS, r=4):
+    """A local peft model with random non-zero LoRA weights, saved to `out_dir`."""
+    torch.manual_seed(seed)
+    local = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    config = LoraConfig(r=r, lora_alpha=2 * r, target_modules=targets, init_lora_weights=False)
+    peft_model = get_peft_model(local, config).eval()
+    peft_model.save_pretrained(out_dir)
+    return peft_model
+
+
+async def test_served_adapter_matches_local_peft(tiny_dirs, tmp_path, swarms, sdk_models):
+    model_dir = tiny_dirs("llama")
+    ref = _peft_adapter(model_dir, tmp_path / "styled")
+    adapters = (("styled", str(tmp_path / "styled")),)
+    swarm = await swarms.start(model_dir, [(0, 2), (2, 4)], adapters=adapters)
+    model = await sdk_models.open(model_dir, swarm.token, active_adapter="styled")
+    plain = await sdk_models.open(model_dir, swarm.token)
+    with torch.no_grad():
+        want = ref(IDS).logits
+        base = ref.get_base_model()
+        with ref.disable_adapter():
+            want_plain = base(IDS).logits
+    assert (want - want_plain).abs().max() > 1e-2  # the adapter changes the logits
+
+    def remote():
+        with torch.no_grad():
+            got = model(IDS).logits
+            got_plain = plain(IDS).logits
+            tokens = model.generate(IDS[:1], max_new_tokens=5, do_sample=False)
+            with model.inference_session(max_length=16) as session:
+                first = model(IDS[:1, :4]).logits
+                second = model(IDS[:1, 4:]).logits
+            assert session.adapter == "styled"
+        return got, got_plain, tokens, torch.cat([first, second], dim=1)
+
+    got, got_plain, tokens, stepped = await asyncio.to_thread(remote)
+    assert (got - want).abs().max() < 1e-4
+    assert (got_plain - want_plain).abs().max() < 1e-4
+    assert (stepped - want[:1]).abs().max() < 1e-4
+    ref_tokens = ref.generate(input_ids=IDS[:1], max_new_tokens=5, do_sample=False)
+    assert torch.equal(tokens, ref_tokens)
+    info = swarm.seed.server.describe()
+    assert info.adapters == ["styled"]
+    assert all(r.adapters == ("styled",) for r in swarm.seed.node.live_records()
+               if r.end_block is not None)  # fmt: skip
+
+
+async def test_routing_needs_the_adapter(tiny_dirs, tmp_path, swarms, sdk_models):
+    model_dir = tiny_dirs("llama")
+    _peft_adapter(model_dir, tmp_path / "half")
+    swarm = await swarms.start(model_dir, [(0, 2)], adapters=(("half", str(tmp_path / "half")),))
+    await swarm.add_server(2, 4, adapters=())  # blocks 2-3 without the adapter
+    model = await sdk_models.open(model_dir, swarm.token, active_adapter="half")
+
+    def remote():
+        with torch.no_grad():
+            model(IDS)
+
+    with pytest.raises(MissingBlocks, match=r"adapter 'half'.*blocks 2-3"):
+        await asyncio.to_thread(remote)
+
+
+def test_bad_adapters_are_refused(tiny_dirs, tmp_path):
+    from drift.models.checkpoint import open_checkpoint
+    from drift.models.span import ModelSpan
+    from drift.server.adapters import load_adapters, parse_adapters
+
+    model_dir = tiny_dirs("llama")
+    _peft_adapter(model_dir, tmp_path / "wide", r=4)
+    span = ModelSpan.load(open_checkpoint(str(model_dir)), 0, 2)
+    with pytest.raises(BadRequest, match="neither a directory"):
+        load_adapters(span, [("x", str(tmp_path / "nowhere"))])
+    # another model's adapter: the same module names, other sizes
+    other = tmp_path / "other"
+    _peft_adapter(model_dir, other, r=4)
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(other / "adapter_model.safetensors")
+    key = next(k for k in tensors if "q_proj.lora_A" in k)
+    tensors[key] = torch.zeros(4, 32)
+    save_file(tensors, other / "adapter_model.safetensors")
+    with pytest.raises(BadRequest, match="hidden size 32"):
+        load_adapters(span, [("other", str(other))])
+    assert parse_adapters(["a=/x/y", "/p/q/styled/"]) == (("a", "/x/y"), ("styled", "/p/q/styled/"))
+    with pytest.raises(ValueError, match="distinct"):
+        parse_adapters(["/a/same", "/b/same"])
+    with pytest.raises(ValueError, match="without ':'"):
+        parse_adapters(["a:b=/x"])
+    assert span.adapters == {}
+    load_adapters(span, [("wide", str(tmp_path / "wide"))])
+    assert set(span.adapters) == {"wide"}
+    assert isinstance(PeftModel, type)
