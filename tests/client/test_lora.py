@@ -108,3 +108,66 @@ def test_bad_adapters_are_refused(tiny_dirs, tmp_path):
     load_adapters(span, [("wide", str(tmp_path / "wide"))])
     assert set(span.adapters) == {"wide"}
     assert isinstance(PeftModel, type)
+
+
+def _copy_from_peft(model, ref):
+    """The client's LoRA weights set to the local peft model's."""
+    params = dict(ref.named_parameters())
+    with torch.no_grad():
+        for i, name in enumerate(model.lora.full_names):
+            model.lora.lora_A[i].copy_(params[f"base_model.model.{name}.lora_A.default.weight"])
+            model.lora.lora_B[i].copy_(params[f"base_model.model.{name}.lora_B.default.weight"])
+
+
+async def test_lora_training_matches_local_peft(tiny_dirs, tmp_path, swarms, sdk_models):
+    model_dir = tiny_dirs("llama")
+    ref = _peft_adapter(model_dir, tmp_path / "init")
+    swarm = await swarms.start(model_dir, [(0, 1), (1, 4)])
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS)
+    model = await sdk_models.open(model_dir, swarm.token, tuning_mode="lora", lora_config=config)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(".lora." in n for n in trainable)
+    assert len(model.lora.full_names) == 4 * len(TARGETS)
+    _copy_from_peft(model, ref)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]])
+
+    def remote():
+        out = model(IDS, attention_mask=mask, labels=IDS)
+        out.loss.backward()
+        return out.loss.detach(), [(a.grad.clone(), b.grad.clone())
+                                   for a, b in zip(model.lora.lora_A, model.lora.lora_B)]  # fmt: skip
+
+    loss, grads = await asyncio.to_thread(remote)
+    ref.train()
+    ref_out = ref(input_ids=IDS, attention_mask=mask, labels=IDS)
+    ref_out.loss.backward()
+    assert abs(loss.item() - ref_out.loss.item()) < 1e-4
+    params = dict(ref.named_parameters())
+    for (g_a, g_b), name in zip(grads, model.lora.full_names, strict=True):
+        want_a = params[f"base_model.model.{name}.lora_A.default.weight"].grad
+        want_b = params[f"base_model.model.{name}.lora_B.default.weight"].grad
+        assert want_a.abs().max() > 0 and want_b.abs().max() > 0, name
+        assert (g_a - want_a).abs().max() < 1e-4, name
+        assert (g_b - want_b).abs().max() < 1e-4, name
+
+    # a step of plain SGD, then: the saved adapter is what peft and --adapters read
+    def train_and_save():
+        opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+        opt.step()
+        model.save_lora(tmp_path / "trained")
+        with torch.no_grad():
+            return model(IDS).logits, model.generate(IDS[:1], max_new_tokens=4, do_sample=False)
+
+    trained, tokens = await asyncio.to_thread(train_and_save)
+    local = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    loaded = PeftModel.from_pretrained(local, tmp_path / "trained").eval()
+    with torch.no_grad():
+        want = loaded(IDS).logits
+    assert (trained - want).abs().max() < 1e-4
+    assert torch.equal(tokens, loaded.generate(input_ids=IDS[:1], max_new_tokens=4,
+                                               do_sample=False))  # fmt: skip
+    served = await swarms.start(model_dir, [(0, 3), (3, 4)],
+                                adapters=(("trained", str(tmp_path / "trained")),))  # fmt: skip
+    again = await sdk_models.open(model_dir, served.token, active_adapter="trained")
+    got = await asyncio.to_thread(lambda: again(IDS).logits.detach())
+    assert (got - want).abs().max() < 1e-4
