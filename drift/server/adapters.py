@@ -1,8 +1,7 @@
 """Served LoRA adapters: `--adapters` values parsed, their files found, the span's share loaded.
 
-`parse_adapters` turns `NAME=PATH` or `PATH` (named by its last path component) into
-(name, source) pairs; a source is a local peft adapter directory or a Hub repository id.
-`load_adapters` reads only the served blocks' weights (drift.models.peft_files) into the
+A source (drift.server.config.parse_adapters) is a local peft adapter directory or a Hub
+repository id. `load_adapters` reads only the served blocks' weights (drift.models.peft_files) into the
 span, checked against its modules. Called when a server loads, and when it moves.
 """
 
@@ -15,23 +14,8 @@ from typing import Any
 
 from drift.models.peft_files import CONFIG_FILE, WEIGHTS_FILE, read_adapter
 from drift.wire.errors import BadRequest
-from drift.wire.lora import check_adapter_names
 
 log = logging.getLogger(__name__)
-
-
-def parse_adapters(values: Iterable[str]) -> tuple[tuple[str, str], ...]:
-    """`NAME=PATH_OR_HUB_ID` or `PATH_OR_HUB_ID` -> (name, source); ValueError if bad."""
-    pairs = []
-    for value in values:
-        name, sep, source = value.partition("=")
-        if not sep:
-            source, name = value, Path(value.rstrip("/")).name
-        if not source:
-            raise ValueError(f"--adapters {value!r}: give NAME=PATH or PATH")
-        pairs.append((name, source))
-    check_adapter_names(name for name, _ in pairs)
-    return tuple(pairs)
 
 
 def adapter_dir(source: str, revision: str | None = None) -> Path:

@@ -81,7 +81,8 @@ async def test_routing_needs_the_adapter(tiny_dirs, tmp_path, swarms, sdk_models
 def test_bad_adapters_are_refused(tiny_dirs, tmp_path):
     from drift.models.checkpoint import open_checkpoint
     from drift.models.span import ModelSpan
-    from drift.server.adapters import load_adapters, parse_adapters
+    from drift.server.adapters import load_adapters
+    from drift.server.config import parse_adapters
 
     model_dir = tiny_dirs("llama")
     _peft_adapter(model_dir, tmp_path / "wide", r=4)
