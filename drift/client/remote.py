@@ -38,8 +38,8 @@ from drift.client.routing import (
 )
 from drift.client.swarm_view import SwarmView
 from drift.identity.tokens import JoinToken
-from drift.swarm import format_ranges
 from drift.models.sharing import KVSharing
+from drift.swarm import format_ranges
 from drift.wire.errors import DriftError, MissingBlocks
 from drift.wire.extras import BLOCK_STATES, PER_LAYER_INPUTS, kv_names
 from drift.wire.lora import in_span, split_lora

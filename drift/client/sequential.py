@@ -45,7 +45,8 @@ class _RemoteChain(torch.autograd.Function):
             client.forward(hidden.detach().to("cpu"), seq.start_block, seq.end_block,
                            attention_mask=wire[2], prompts=wire[0], per_layer=wire[1],
                            states=states,
-                           lora={n: t.detach().to("cpu") for n, t in zip(lora_names, lora)})
+                           lora={n: t.detach().to("cpu")
+                                 for n, t in zip(lora_names, lora, strict=True)})
         )  # fmt: skip
         ctx.seq, ctx.trace, ctx.wire, ctx.inputs = seq, trace, wire, (hidden, prompts, per_layer)
         ctx.lora = (lora_names, lora)
@@ -69,7 +70,8 @@ class _RemoteChain(torch.autograd.Function):
         lora_names, lora = ctx.lora
         return (_back(grad_in, hidden), _back(grad_prompts, prompts_in),
                 _back(grad_per_layer, per_layer_in), None, None, None, None,
-                *(_back(named.get(n), t) for n, t in zip(lora_names, lora)))  # fmt: skip
+                *(_back(named.get(n), t)
+                  for n, t in zip(lora_names, lora, strict=True)))  # fmt: skip
 
 
 class RemoteSequential(nn.Module):
@@ -155,14 +157,12 @@ class RemoteSequential(nn.Module):
     def inference_session(
         self, *, max_length: int, batch_size: int = 1, dtype: torch.dtype = torch.float32,
         active_adapter: str | None = None,
-    ) -> InferenceSession:
+    ) -> InferenceSession:  # fmt: skip
         """A session over these blocks, with the model's trained LoRA weights (sent once)
         and the served adapter `active_adapter` (default: the client's)."""
         check_chain(self.client.sharing, self.start_block, self.end_block)
-        lora = {} if self.lora is None else {
-            k: v.detach().to("cpu") for k, v in self.lora.wire(self.start_block,
-                                                                self.end_block).items()
-        }  # fmt: skip
+        wire = {} if self.lora is None else self.lora.wire(self.start_block, self.end_block)
+        lora = {k: v.detach().to("cpu") for k, v in wire.items()}
         adapter = active_adapter if active_adapter is not None else self.client.adapter
         return InferenceSession(self.client, self.start_block, self.end_block,
                                 max_length=max_length, batch_size=batch_size, dtype=dtype,

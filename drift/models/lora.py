@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from drift.models.quant import Int8Linear
 from drift.wire.lora import LoraTarget, parse_lora_name
 
 Tensors = Mapping[str, torch.Tensor]
@@ -26,12 +27,17 @@ Pairs = dict[tuple[int, str], list[tuple[torch.Tensor, torch.Tensor]]]
 
 
 def lora_targets(layer: nn.Module, index: int) -> tuple[LoraTarget, ...]:
-    """Block `index`'s linear modules (on any device, meta included), by path in the block."""
-    return tuple(
-        LoraTarget(index, name, int(module.in_features), int(module.out_features))
-        for name, module in layer.named_modules()
-        if isinstance(module, nn.Linear) and name
-    )
+    """Block `index`'s linear modules (on any device, meta included), by path in the block;
+    a quantized one by the path of the linear it replaced (Int8Linear: not its `inner`)."""
+    out, wrapped = [], set()
+    for name, module in layer.named_modules():
+        if isinstance(module, Int8Linear):
+            wrapped.add(name + ".inner")
+            module = module.inner
+        elif not isinstance(module, nn.Linear) or not name or name in wrapped:
+            continue
+        out.append(LoraTarget(index, name, int(module.in_features), int(module.out_features)))
+    return tuple(out)
 
 
 def matches(target_modules: str | Sequence[str], full_name: str) -> bool:
@@ -54,16 +60,14 @@ def pairs_of(weights: Sequence[Tensors], device: torch.device, dtype: torch.dtyp
                 continue
             block, module, _ = parsed
             b = named[name[:-1] + "B"]
-            out.setdefault((block, module), []).append(
-                (a.to(device, dtype), b.to(device, dtype))
-            )
+            out.setdefault((block, module), []).append((a.to(device, dtype), b.to(device, dtype)))
     return out
 
 
 class LoraHooks:
     """LoRA added to the linear modules of a span's layers while weights are in use."""
 
-    def __init__(self, layers: Sequence[nn.Module], start_block: int, device: torch.device,
+    def __init__(self, layers: nn.ModuleList, start_block: int, device: torch.device,
                  dtype: torch.dtype) -> None:  # fmt: skip
         self.layers, self.start_block = layers, start_block
         self.device, self.dtype = device, dtype

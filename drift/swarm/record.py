@@ -155,9 +155,9 @@ class PeerRecord:
 
 
 def _adapters(value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list) or len(value) > MAX_ADAPTERS or not all(
-        isinstance(v, str) for v in value
-    ):
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        value = None
+    if value is None or len(value) > MAX_ADAPTERS:
         raise BadRequest(f"membership record field 'adapters' must be a list of at most "
                          f"{MAX_ADAPTERS} names")  # fmt: skip
     try:
@@ -221,7 +221,8 @@ def sign_record(identity: Identity, fields: dict[str, Any]) -> PeerRecord:
         raise BadRequest("a record may only be signed by the peer it describes")
     unknown = set(fields) - set(record_fields())
     if unknown:
-        raise BadRequest(f"unknown record fields {sorted(unknown)}; known: {sorted(record_fields())}")
+        known = sorted(record_fields())
+        raise BadRequest(f"unknown record fields {sorted(unknown)}; known: {known}")
     unsigned = PeerRecord.from_wire({**fields, "signature": ""})
     sig = identity.sign(unsigned.canonical())
     return dataclasses.replace(unsigned, signature=base64.b64encode(sig).decode("ascii"))

@@ -136,7 +136,7 @@ async def test_lora_training_matches_local_peft(tiny_dirs, tmp_path, swarms, sdk
         out = model(IDS, attention_mask=mask, labels=IDS)
         out.loss.backward()
         return out.loss.detach(), [(a.grad.clone(), b.grad.clone())
-                                   for a, b in zip(model.lora.lora_A, model.lora.lora_B)]  # fmt: skip
+                                   for a, b in zip(model.lora.lora_A, model.lora.lora_B, strict=True)]  # fmt: skip
 
     loss, grads = await asyncio.to_thread(remote)
     ref.train()

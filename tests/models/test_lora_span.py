@@ -1,0 +1,59 @@
+"""LoRA on spans: the modules it can adapt in every family, and quantized spans, where it is
+added on top of the bitsandbytes base (the delta and its gradients match float32's)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from drift.models.checkpoint import open_checkpoint
+from drift.models.span import ModelSpan
+from drift.wire.lora import lora_name
+from tests.tiny_models import FAMILIES
+
+
+def _weights(span: ModelSpan, r: int = 2, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random weights for every linear module of the span's first two blocks."""
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for t in span.lora_targets:
+        if t.block < span.start_block + 2:
+            out[lora_name(t.block, t.module, "A")] = (
+                torch.randn(r, t.in_features, generator=gen) * 0.2
+            )
+            out[lora_name(t.block, t.module, "B")] = (
+                torch.randn(t.out_features, r, generator=gen) * 0.2
+            )
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_takes_lora_on_its_linear_modules(family, tiny_dirs):
+    span = ModelSpan.load(open_checkpoint(str(tiny_dirs[family])), 1, 3)
+    assert span.lora_targets and {t.block for t in span.lora_targets} == {1, 2}
+    hidden = torch.randn(1, 4, span.config.hidden_size)
+    plain = span.forward(hidden)
+    adapted = span.forward(hidden, extras=_weights(span))
+    assert (adapted - plain).abs().max() > 1e-4
+    assert torch.equal(span.forward(hidden), plain)  # the hooks add nothing afterwards
+
+
+@pytest.mark.parametrize("quant", ["int8", "nf4"])
+def test_lora_on_a_quantized_span(quant, tiny_dirs):
+    pytest.importorskip("bitsandbytes")
+    ckpt = open_checkpoint(str(tiny_dirs["llama"]))
+    dense, packed = ModelSpan.load(ckpt, 0, 2), ModelSpan.load(ckpt, 0, 2, quant=quant)
+    weights = _weights(dense)
+    hidden, grad = torch.randn(2, 5, 64), torch.randn(2, 5, 64)
+    deltas, grads = [], []
+    for span in (dense, packed):
+        base = span.forward(hidden)
+        deltas.append(span.forward(hidden, extras=weights) - base)
+        _, _, named = span.run_backward(0, 2, hidden, grad, None, None, weights)
+        grads.append(named)
+    rel = (deltas[1] - deltas[0]).norm() / deltas[0].norm()
+    assert deltas[0].abs().max() > 1e-2 and rel < (0.05 if quant == "int8" else 0.35)
+    for name in weights:
+        g_dense, g_packed = grads[0][name], grads[1][name]
+        assert g_packed.abs().max() > 0
+        assert (g_packed - g_dense).norm() / g_dense.norm() < (0.05 if quant == "int8" else 0.35)
