@@ -172,3 +172,65 @@ async def test_lora_training_matches_local_peft(tiny_dirs, tmp_path, swarms, sdk
     again = await sdk_models.open(model_dir, served.token, active_adapter="trained")
     got = await asyncio.to_thread(lambda: again(IDS).logits.detach())
     assert (got - want).abs().max() < 1e-4
+
+
+async def test_lora_survives_failover(tiny_dirs, tmp_path, swarms, sdk_models):
+    """A server that ran a training forward dies before its backward, and one dies mid-
+    generation: the replacements get the LoRA weights too (resent, or sent with the replay)."""
+    from transformers import LogitsProcessorList
+
+    from tests.client.faults import AtStep
+
+    model_dir = tiny_dirs("llama")
+    ref = _peft_adapter(model_dir, tmp_path / "init")
+    swarm = await swarms.start(model_dir, [(0, 2), (2, 4), (2, 4), (2, 4)])
+    config = {"r": 4, "lora_alpha": 8, "target_modules": TARGETS}
+    model = await sdk_models.open(model_dir, swarm.token, tuning_mode="lora", lora_config=config)
+    _copy_from_peft(model, ref)
+    loop = asyncio.get_running_loop()
+    traces, forward = [], model.client.forward
+
+    async def spy(*args, **kwargs):
+        out, trace = await forward(*args, **kwargs)
+        traces.append(trace)
+        return out, trace
+
+    model.client.forward = spy
+
+    def stop(peer_id):
+        asyncio.run_coroutine_threadsafe(swarm.stop(swarm.by_peer(peer_id)), loop).result()
+
+    def remote():
+        out = model(IDS, labels=IDS)
+        stop(next(h.hop.peer_id for h in traces[0] if h.hop.start_block == 2))
+        out.loss.backward()
+        return [(a.grad.clone(), b.grad.clone())
+                for a, b in zip(model.lora.lora_A, model.lora.lora_B, strict=True)]  # fmt: skip
+
+    grads = await asyncio.to_thread(remote)
+    ref.train()
+    ref(input_ids=IDS, labels=IDS).loss.backward()
+    params = dict(ref.named_parameters())
+    for (g_a, g_b), name in zip(grads, model.lora.full_names, strict=True):
+        assert (
+            g_a - params[f"base_model.model.{name}.lora_A.default.weight"].grad
+        ).abs().max() < 1e-4
+        assert (
+            g_b - params[f"base_model.model.{name}.lora_B.default.weight"].grad
+        ).abs().max() < 1e-4
+
+    killed = []
+
+    def kill():
+        hop = model._owned[0].session.spans[-1].hop
+        stop(hop.peer_id)
+        killed.append(hop.peer_id)
+
+    ref.eval()
+    want = ref.generate(input_ids=IDS[:1], max_new_tokens=12, do_sample=False)
+    with torch.no_grad():
+        got = await asyncio.to_thread(
+            model.generate, IDS[:1], max_new_tokens=12, do_sample=False,
+            logits_processor=LogitsProcessorList([AtStep(6, kill)]),
+        )  # fmt: skip
+    assert killed and torch.equal(got, want)
