@@ -5,7 +5,8 @@ around failing peers (banned with backoff, bounded retries), and opens inference
 Gemma 4's per-layer inputs and shared keys/values travel beside the hidden states
 (drift.client.extras), and so do LoRA weights being trained (drift.wire.lora); `adapter`
 names a served LoRA adapter every request asks for, and only servers holding it are routed
-to. Every public method is a coroutine run on the client's loop; `run` is the sync bridge. A client not closed is closed when collected or at interpreter exit.
+to. Every public method is a coroutine run on the client's loop; `run` is the sync bridge.
+A client not closed is closed when collected or at interpreter exit.
 """
 
 from __future__ import annotations
