@@ -57,3 +57,46 @@ def test_lora_on_a_quantized_span(quant, tiny_dirs):
         g_dense, g_packed = grads[0][name], grads[1][name]
         assert g_packed.abs().max() > 0
         assert (g_packed - g_dense).norm() / g_dense.norm() < (0.05 if quant == "int8" else 0.35)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_peft_names_match_every_family(family, tmp_path):
+    """peft's adapter of a tiny model: the server reads every block's weights of it, and the
+    client's targets for the same target_modules are the modules peft adapted. (MoE families:
+    attention only; peft's LoRA on fused expert parameters is not a linear module DRIFT can
+    adapt, and a server refuses such an adapter naming the module.)"""
+    from peft import LoraConfig, get_peft_model
+
+    from drift.client.lora import LoraSettings, find_targets
+    from drift.models.peft_files import read_adapter
+    from drift.models.registry import get_adapter
+    from tests.tiny_models import build_tiny
+
+    local = build_tiny(family)
+    moe = family in ("mixtral", "qwen3_moe", "deepseek_v3")
+    target_modules = ["q_proj", "o_proj"] if moe else "all-linear"
+    config = LoraConfig(r=2, target_modules=target_modules, init_lora_weights=False)
+    peft_model = get_peft_model(local, config)
+    peft_model.save_pretrained(tmp_path)
+    adapted = {name.removeprefix("base_model.model.").removesuffix(".lora_A.default.weight")
+               for name, _ in peft_model.named_parameters() if name.endswith("lora_A.default.weight")}  # fmt: skip
+    n = local.config.num_hidden_layers
+    weights = read_adapter(tmp_path, get_adapter(local.config).layer_prefix, 0, n)
+    assert len(weights) == 2 * len(adapted)
+    settings = LoraSettings.parse({"target_modules": target_modules})
+    targets = find_targets(local.config, settings, n)
+    assert {name for _, name in targets} == adapted
+
+
+def test_adapter_on_fused_moe_experts_is_refused(tmp_path, tiny_dirs):
+    from peft import LoraConfig, get_peft_model
+
+    from drift.server.adapters import load_adapters
+    from drift.wire.errors import BadRequest
+    from tests.tiny_models import build_tiny
+
+    config = LoraConfig(r=2, target_modules="all-linear", init_lora_weights=False)
+    get_peft_model(build_tiny("mixtral"), config).save_pretrained(tmp_path)
+    span = ModelSpan.load(open_checkpoint(str(tiny_dirs["mixtral"])), 0, 2)
+    with pytest.raises(BadRequest, match="no LoRA-adaptable module 'mlp.experts"):
+        load_adapters(span, [("moe", str(tmp_path))])
