@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from drift.models.lora import lora_targets, matches
-from drift.models.peft_files import write_adapter
+from drift.models.peft_files import read_adapter, read_settings, write_adapter
 from drift.models.registry import get_adapter
 from drift.wire.lora import LoraTarget, lora_name
 
@@ -40,10 +40,18 @@ class LoraSettings:
 
     @classmethod
     def parse(cls, config: Any) -> LoraSettings:
-        """From a LoraSettings, a peft LoraConfig (read by attribute, peft not imported) or a
-        dict of its fields (`alpha` and `dropout` accepted as short names)."""
+        """From a LoraSettings, a peft LoraConfig (read by attribute, peft not imported), a
+        dict of its fields (`alpha` and `dropout` accepted as short names) or a saved
+        adapter's directory (its adapter_config.json)."""
         if isinstance(config, LoraSettings):
             return config
+        if isinstance(config, str | Path):
+            saved = read_settings(Path(config))
+            if saved.alpha_pattern or saved.rank_pattern:
+                raise ValueError(f"{config}: rank_pattern / alpha_pattern adapters cannot be "
+                                 "trained through the swarm (they can be served)")  # fmt: skip
+            config = {"r": saved.r, "lora_alpha": saved.lora_alpha,
+                      "target_modules": saved.target_modules, "use_rslora": saved.use_rslora}  # fmt: skip
         fields = dict(config) if isinstance(config, Mapping) else _peft_fields(config)
         fields.setdefault("lora_alpha", fields.pop("alpha", 8.0))
         fields.setdefault("lora_dropout", fields.pop("dropout", 0.0))
@@ -86,6 +94,16 @@ def _peft_fields(config: Any) -> dict[str, Any]:
     names = ("r", "lora_alpha", "target_modules", "lora_dropout", "use_rslora", "use_dora",
              "bias", "modules_to_save")  # fmt: skip
     return {n: getattr(config, n) for n in names if hasattr(config, n)}
+
+
+def client_lora(config: Any, lora_config: Any, num_blocks: int) -> ClientLora:
+    """The trainable LoRA weights `lora_config` asks for (None: peft's defaults); a saved
+    adapter's directory gives its settings and weights, to go on training it."""
+    settings = LoraSettings.parse({} if lora_config is None else lora_config)
+    lora = ClientLora(settings, find_targets(config, settings, num_blocks))
+    if isinstance(lora_config, str | Path):
+        lora.load(lora_config, get_adapter(config).layer_prefix)
+    return lora
 
 
 def find_targets(config: Any, settings: LoraSettings, num_blocks: int
@@ -134,6 +152,19 @@ class ClientLora(nn.Module):
             out[name_a] = self.lora_A[i]
             out[name_b] = self.lora_B[i] * self.settings.scale
         return out
+
+    def load(self, directory: str | Path, layer_prefix: str) -> None:
+        """Set the weights to a saved adapter's (same targets and rank: go on training it)."""
+        n = max(t.block for t in self.targets) + 1
+        stored = read_adapter(Path(directory), layer_prefix, 0, n, scaled=False)
+        wanted = {name for _, a, b in self.names(0, n) for name in (a, b)}
+        if set(stored) != wanted:
+            raise ValueError(f"{directory} adapts other modules than target_modules "
+                             f"{self.settings.target_modules!r} select")  # fmt: skip
+        with torch.no_grad():
+            for i, name_a, name_b in self.names(0, n):
+                self.lora_A[i].copy_(stored[name_a])
+                self.lora_B[i].copy_(stored[name_b])
 
     def save(self, directory: str | Path, base_model: str) -> None:
         """A peft adapter directory (adapter_config.json + adapter_model.safetensors)."""

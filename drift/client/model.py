@@ -29,7 +29,7 @@ from transformers.utils.deprecation import deprecate_kwarg
 from drift.client.backbone import DistributedBaseModel, ThreadCalls
 from drift.client.cache import RemoteCache
 from drift.client.loading import load_parts, open_client_checkpoint
-from drift.client.lora import ClientLora, LoraSettings, find_targets
+from drift.client.lora import ClientLora, client_lora
 from drift.client.pretrained_args import apply_overrides, check_config, drop_ignored
 from drift.client.ptune import PromptTuning
 from drift.client.remote import RemoteClient
@@ -58,8 +58,7 @@ class DistributedPreTrainedModel(PreTrainedModel):
         if tuning_mode == "lora" or lora_config is not None:
             if tuning_mode not in (None, "lora"):
                 raise ValueError(f"lora_config goes with tuning_mode='lora', not {tuning_mode!r}")
-            settings = LoraSettings.parse({} if lora_config is None else lora_config)
-            lora = ClientLora(settings, find_targets(self.config, settings, self.num_blocks))
+            lora = client_lora(self.config, lora_config, self.num_blocks)
         ptune = (
             PromptTuning(tuning_mode, pre_seq_len, self.config.hidden_size, self.num_blocks)
             if tuning_mode and lora is None
@@ -85,7 +84,8 @@ class DistributedPreTrainedModel(PreTrainedModel):
         multiaddrs) and `swarm_key` find it; `device` places the client's own parts; other
         keyword arguments are config fields, or ignored with a warning saying why
         (drift.client.pretrained_args). `tuning_mode="lora"` with `lora_config` (a peft
-        LoraConfig or a dict of its fields) trains LoRA weights through the swarm;
+        LoraConfig, a dict of its fields, or a saved adapter's directory to go on training)
+        trains LoRA weights through the swarm;
         `active_adapter` applies a LoRA adapter the servers hold (`--adapters`)."""
         overrides = drop_ignored(kwargs)
         ckpt = open_client_checkpoint(name_or_path, cache_dir=cache_dir, revision=revision,

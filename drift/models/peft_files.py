@@ -83,8 +83,10 @@ def _key_pattern(layer_prefix: str) -> re.Pattern[str]:
 
 
 def read_adapter(directory: Path, layer_prefix: str, start: int, end: int, *,
-                 dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:  # fmt: skip
-    """The adapter's weights for blocks [start, end), wire-named, scaling folded into B."""
+                 dtype: torch.dtype = torch.float32,
+                 scaled: bool = True) -> dict[str, torch.Tensor]:  # fmt: skip
+    """The adapter's weights for blocks [start, end), wire-named, scaling folded into B
+    (`scaled=False`: B as stored, e.g. to go on training it)."""
     settings = read_settings(directory)
     path = directory / WEIGHTS_FILE
     if not path.is_file():
@@ -107,7 +109,8 @@ def read_adapter(directory: Path, layer_prefix: str, start: int, end: int, *,
             raise BadRequest(f"{path}: {name} has no lora_A beside it")
         block, module, _ = parse_lora_name(name) or (0, "", "")
         full = layer_prefix.format(i=block) + module
-        out[name] = out[name] * settings.scale(full, a.shape[0])
+        if scaled:
+            out[name] = out[name] * settings.scale(full, a.shape[0])
     return {k: v.to(dtype) for k, v in out.items()}
 
 

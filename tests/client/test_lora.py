@@ -234,3 +234,19 @@ async def test_lora_survives_failover(tiny_dirs, tmp_path, swarms, sdk_models):
             logits_processor=LogitsProcessorList([AtStep(6, kill)]),
         )  # fmt: skip
     assert killed and torch.equal(got, want)
+
+
+async def test_training_goes_on_from_a_saved_adapter(tiny_dirs, tmp_path, swarms, sdk_models):
+    model_dir = tiny_dirs("llama")
+    ref = _peft_adapter(model_dir, tmp_path / "saved", targets=["q_proj", "v_proj"])
+    swarm = await swarms.start(model_dir, [(0, 2), (2, 4)])
+    model = await sdk_models.open(model_dir, swarm.token, tuning_mode="lora",
+                                  lora_config=str(tmp_path / "saved"))  # fmt: skip
+    assert model.lora.settings.r == 4 and model.lora.settings.lora_alpha == 8
+    with torch.no_grad():
+        want = ref(IDS).logits
+    got = await asyncio.to_thread(lambda: model(IDS).logits.detach())
+    assert (got - want).abs().max() < 1e-4
+    with pytest.raises(BadRequest, match="cannot read the LoRA adapter config"):
+        await sdk_models.open(model_dir, swarm.token, tuning_mode="lora",
+                              lora_config=str(tmp_path / "nowhere"))  # fmt: skip
