@@ -250,3 +250,30 @@ async def test_training_goes_on_from_a_saved_adapter(tiny_dirs, tmp_path, swarms
     with pytest.raises(BadRequest, match="cannot read the LoRA adapter config"):
         await sdk_models.open(model_dir, swarm.token, tuning_mode="lora",
                               lora_config=str(tmp_path / "nowhere"))  # fmt: skip
+
+
+@pytest.mark.slow
+async def test_lora_loss_falls_on_smollm2(smollm2_dir, swarms, sdk_models):
+    swarm = await swarms.start(smollm2_dir, [(0, 15), (15, 30)])
+    config = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}
+    model = await sdk_models.open(smollm2_dir, swarm.token, tuning_mode="lora",
+                                  lora_config=config)  # fmt: skip
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.cat([torch.randint(0, 49152, (4, 6), generator=gen),
+                     torch.tensor([[504, 2365, 3290]]).expand(4, -1)], dim=1)  # fmt: skip
+    labels = ids.clone()
+    labels[:, :6] = -100
+
+    def train():
+        opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+        losses = []
+        for _ in range(4):
+            opt.zero_grad()
+            loss = model(ids, labels=labels).loss
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    losses = await asyncio.to_thread(train)
+    assert losses[-1] < losses[0] - 1.0, losses
