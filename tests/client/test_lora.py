@@ -277,3 +277,24 @@ async def test_lora_loss_falls_on_smollm2(smollm2_dir, swarms, sdk_models):
 
     losses = await asyncio.to_thread(train)
     assert losses[-1] < losses[0] - 1.0, losses
+
+
+async def test_served_adapter_on_quantized_spans(tiny_dirs, tmp_path, swarms, sdk_models):
+    """int8 servers add the adapter on top of their quantized blocks: the adapter's effect on
+    the logits is the float model's, within int8's error."""
+    pytest.importorskip("bitsandbytes")
+    model_dir = tiny_dirs("llama")
+    ref = _peft_adapter(model_dir, tmp_path / "styled")
+    swarm = await swarms.start(model_dir, [(0, 2), (2, 4)], quant_type="int8",
+                               adapters=(("styled", str(tmp_path / "styled")),))  # fmt: skip
+    adapted = await sdk_models.open(model_dir, swarm.token, active_adapter="styled")
+    plain = await sdk_models.open(model_dir, swarm.token)
+    with torch.no_grad():
+        want = ref(IDS).logits
+        with ref.disable_adapter():
+            want_plain = ref(IDS).logits
+        got = await asyncio.to_thread(lambda: adapted(IDS).logits)
+        got_plain = await asyncio.to_thread(lambda: plain(IDS).logits)
+    effect, want_effect = got - got_plain, want - want_plain
+    assert (effect - want_effect).norm() / want_effect.norm() < 0.05
+    assert (got - want).norm() / want.norm() < 0.05
