@@ -298,3 +298,33 @@ async def test_served_adapter_on_quantized_spans(tiny_dirs, tmp_path, swarms, sd
     effect, want_effect = got - got_plain, want - want_plain
     assert (effect - want_effect).norm() / want_effect.norm() < 0.05
     assert (got - want).norm() / want.norm() < 0.05
+
+
+async def test_lora_training_on_gemma4_across_a_kv_sharing_cut(tiny_dirs, tmp_path, swarms,
+                                                                 sdk_models):  # fmt: skip
+    """Gemma 4 with a cut inside a K/V-sharing group (per-layer inputs and shared K/V travel
+    beside the LoRA weights): loss and every LoRA gradient equal local peft's."""
+    model_dir = tiny_dirs("gemma4_text")
+    ref = _peft_adapter(model_dir, tmp_path / "g4", targets=["q_proj", "v_proj", "down_proj"])
+    swarm = await swarms.start(model_dir, [(0, 4), (4, 6)])
+    config = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]}
+    model = await sdk_models.open(model_dir, swarm.token, tuning_mode="lora", lora_config=config)
+    _copy_from_peft(model, ref)
+    ids = torch.randint(3, 249, (2, 7), generator=torch.Generator().manual_seed(0))
+
+    def remote():
+        out = model(ids, labels=ids)
+        out.loss.backward()
+        return out.loss.item(), [(a.grad, b.grad)
+                                 for a, b in zip(model.lora.lora_A, model.lora.lora_B, strict=True)]  # fmt: skip
+
+    loss, grads = await asyncio.to_thread(remote)
+    ref.train()
+    ref_loss = ref(input_ids=ids, labels=ids).loss
+    ref_loss.backward()
+    assert abs(loss - ref_loss.item()) < 1e-4
+    params = dict(ref.named_parameters())
+    for (g_a, g_b), name in zip(grads, model.lora.full_names, strict=True):
+        want_a = params[f"base_model.model.{name}.lora_A.default.weight"].grad
+        want_b = params[f"base_model.model.{name}.lora_B.default.weight"].grad
+        assert (g_a - want_a).abs().max() < 1e-4 and (g_b - want_b).abs().max() < 1e-4, name
