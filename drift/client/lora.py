@@ -64,9 +64,15 @@ class LoraSettings:
         if settings.lora_dropout:
             raise ValueError("lora_dropout must be 0 for LoRA trained through the swarm "
                              "(the servers apply the weights)")  # fmt: skip
+        init = fields.get("init_lora_weights", True)
         unsupported = {"use_dora": bool(fields.get("use_dora")),
                        "bias": fields.get("bias", "none") != "none",
-                       "modules_to_save": bool(fields.get("modules_to_save"))}  # fmt: skip
+                       "modules_to_save": bool(fields.get("modules_to_save")),
+                       "layers_to_transform": fields.get("layers_to_transform") is not None,
+                       "rank_pattern": bool(fields.get("rank_pattern")),
+                       "alpha_pattern": bool(fields.get("alpha_pattern")),
+                       # these initialisations change the base weights, which the servers hold
+                       "init_lora_weights": init not in (True, False, "gaussian")}  # fmt: skip
         for key, bad in unsupported.items():
             if bad:
                 raise ValueError(f"LoRA {key}={fields[key]!r} is not supported through the swarm")
@@ -92,7 +98,8 @@ class LoraSettings:
 
 def _peft_fields(config: Any) -> dict[str, Any]:
     names = ("r", "lora_alpha", "target_modules", "lora_dropout", "use_rslora", "use_dora",
-             "bias", "modules_to_save")  # fmt: skip
+             "bias", "modules_to_save", "layers_to_transform", "rank_pattern", "alpha_pattern",
+             "init_lora_weights")  # fmt: skip
     return {n: getattr(config, n) for n in names if hasattr(config, n)}
 
 

@@ -100,3 +100,20 @@ def test_adapter_on_fused_moe_experts_is_refused(tmp_path, tiny_dirs):
     span = ModelSpan.load(open_checkpoint(str(tiny_dirs["mixtral"])), 0, 2)
     with pytest.raises(BadRequest, match="no LoRA-adaptable module 'mlp.experts"):
         load_adapters(span, [("moe", str(tmp_path))])
+
+
+def test_lora_settings_from_peft_and_what_is_refused():
+    from peft import LoraConfig
+
+    from drift.client.lora import LoraSettings
+
+    s = LoraSettings.parse(LoraConfig(r=4, lora_alpha=16, target_modules=["v_proj", "q_proj"]))
+    assert (s.r, s.lora_alpha, s.target_modules, s.scale) == (4, 16.0, ("q_proj", "v_proj"), 4.0)
+    assert LoraSettings.parse({"r": 4, "alpha": 8, "use_rslora": True}).scale == 4.0
+    refused = [dict(lora_dropout=0.1), dict(use_dora=True), dict(bias="all"),
+               dict(layers_to_transform=[0]), dict(init_lora_weights="pissa"),
+               dict(rank_pattern={"q_proj": 2})]  # fmt: skip
+    for kwargs in refused:
+        config = LoraConfig(r=4, target_modules=["q_proj"], **kwargs)
+        with pytest.raises(ValueError, match="through the swarm"):
+            LoraSettings.parse(config)
