@@ -102,3 +102,20 @@ async def test_bad_lora_is_refused(env):
     assert reply["type"] == "error" and reply["code"] == "unknown_adapter"
     ok = await post(http, url, m.ForwardRequest(fp, 0, 2, hidden), m.ForwardResponse)
     assert ok.hidden_states.shape == hidden.shape  # the node keeps serving
+
+
+async def test_a_moved_server_reads_its_adapters_for_the_new_blocks(servers, tiny_llama,
+                                                                      tmp_path):  # fmt: skip
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    local = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
+    config = LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False)
+    get_peft_model(local, config).save_pretrained(tmp_path / "ad")
+    running = await servers(tiny_llama, 0, 2, adapters=(("ad", str(tmp_path / "ad")),))
+    assert {int(n.split(".")[1]) for n in running.server.backend.span.adapters["ad"]} == {0, 1}
+    await running.server.move_to(2, 4, drain_timeout_s=5)
+    span = running.server.backend.span
+    assert (span.start_block, span.end_block) == (2, 4)
+    assert {int(n.split(".")[1]) for n in span.adapters["ad"]} == {2, 3}
+    assert running.server.describe().adapters == ["ad"]
