@@ -94,6 +94,10 @@ async def test_bad_lora_is_refused(env):
     assert status == 404 and err["code"] == "unknown_adapter" and "'nope'" in err["message"]
     status, err = await _error(http, url, m.ForwardRequest(fp, 0, 2, hidden, adapter="a:b"))
     assert status == 400 and "without ':'" in err["message"]
+    body = {"start_block": 0, "end_block": 2, "hidden_states": hidden.tolist(), "adapter": "nope"}
+    async with http.post(url, json=body) as resp:  # the plain-JSON form takes it too
+        err = (await resp.json())["error"]
+        assert resp.status == 404 and err["code"] == "unknown_adapter"
     ws = await http.ws_connect(f"{running.url}/inference")
     await ws.send_str(orjson.dumps(m.OpenSession(fp, 0, 2, 8, 1, "float32", "nope").to_wire())
                       .decode())  # fmt: skip
