@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -54,6 +55,7 @@ class DistributedPreTrainedModel(PreTrainedModel):
         self.client = client
         self.num_blocks = _num_blocks(self.config)
         self.base_model_name = str(ckpt.name)  # what a saved LoRA adapter names as its base
+        client.adapter_of = functools.partial(getattr, self.config, "active_adapter", None)
         lora = None
         if tuning_mode == "lora" or lora_config is not None:
             if tuning_mode not in (None, "lora"):
@@ -99,8 +101,9 @@ class DistributedPreTrainedModel(PreTrainedModel):
             ckpt, initial_peers=initial_peers, swarm_key=swarm_key, dtype=dtype,
             torch_dtype=torch_dtype, client_config=client_config, device=device,
         )  # fmt: skip
+        if active_adapter is not None:
+            text_config.active_adapter = active_adapter  # where Petals keeps it too
         model = cls(text_config)
-        client.adapter = active_adapter
         model._setup(ckpt, head, client, tuning_mode=tuning_mode, pre_seq_len=pre_seq_len,
                      lora_config=lora_config)  # fmt: skip
         model._load_extra(ckpt, torch_dt)
@@ -145,12 +148,13 @@ class DistributedPreTrainedModel(PreTrainedModel):
 
     @property
     def active_adapter(self) -> str | None:
-        """The served LoRA adapter this model's requests and new sessions ask for."""
+        """The served LoRA adapter this model's requests and new sessions ask for (kept in
+        `config.active_adapter`, as Petals does)."""
         return self.client.adapter
 
     @active_adapter.setter
     def active_adapter(self, name: str | None) -> None:
-        self.client.adapter = name
+        self.config.active_adapter = name
 
     def save_lora(self, directory: Any) -> None:
         """Write the trained LoRA weights as a peft adapter (adapter_config.json and

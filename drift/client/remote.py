@@ -16,7 +16,7 @@ import functools
 import threading
 import time
 import weakref
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -74,7 +74,9 @@ class RemoteClient:
     ) -> None:  # fmt: skip
         self.config = config
         self.model_fingerprint = model_fingerprint
-        self.adapter: str | None = None  # the served LoRA adapter requests ask for, by name
+        # the served LoRA adapter requests ask for, by name: a model reads its config's
+        # `active_adapter` (Petals' idiom, `model.config.active_adapter = name`)
+        self.adapter_of: Callable[[], str | None] = lambda: None
         self.sharing = sharing or KVSharing()  # which blocks read other blocks' keys/values
         self.loop = LoopThread()
         self.bans = BanList(config.ban_base_s, config.ban_max_s)
@@ -90,6 +92,10 @@ class RemoteClient:
 
     async def _make_http(self) -> aiohttp.ClientSession:
         return aiohttp.ClientSession(auto_decompress=True)
+
+    @property
+    def adapter(self) -> str | None:
+        return self.adapter_of()
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self.loop.run(coro)

@@ -49,9 +49,14 @@ async def test_served_adapter_matches_local_peft(tiny_dirs, tmp_path, swarms, sd
                 first = model(IDS[:1, :4]).logits
                 second = model(IDS[:1, 4:]).logits
             assert session.adapter == "styled"
-        return got, got_plain, tokens, torch.cat([first, second], dim=1)
+            plain.config.active_adapter = "styled"  # Petals' idiom: the config says
+            got_petals = plain(IDS).logits
+            plain.active_adapter = None
+            assert torch.equal(plain(IDS).logits, got_plain)
+        return got, got_plain, tokens, torch.cat([first, second], dim=1), got_petals
 
-    got, got_plain, tokens, stepped = await asyncio.to_thread(remote)
+    got, got_plain, tokens, stepped, got_petals = await asyncio.to_thread(remote)
+    assert (got_petals - want).abs().max() < 1e-4
     assert (got - want).abs().max() < 1e-4
     assert (got_plain - want_plain).abs().max() < 1e-4
     assert (stepped - want[:1]).abs().max() < 1e-4
