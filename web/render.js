@@ -94,6 +94,15 @@ export function ranges(indices) {
   return out.join(", ");
 }
 
+// The LoRA adapters a server holds beside its blocks (drift server --adapters).
+function adaptersText(r) {
+  return r.adapters && r.adapters.length ? ` + LoRA ${r.adapters.join(", ")}` : "";
+}
+
+function adaptersTitle(r) {
+  return r.adapters && r.adapters.length ? `LoRA adapters: ${r.adapters.join(", ")}` : null;
+}
+
 export function renderServers(tbody, records, selfPeerId, now) {
   const sorted = [...records].sort((a, b) =>
     (a.model || "").localeCompare(b.model || "") || (a.start_block ?? -1) - (b.start_block ?? -1)
@@ -109,7 +118,8 @@ export function renderServers(tbody, records, selfPeerId, now) {
       peer,
       el("td", {}, r.role === "dht" ? `${r.state} · dht` : r.state),
       el("td", { class: "addr" }, r.addrs.map(hostPort).join(" ")),
-      el("td", {}, r.model || "—"),
+      el("td", { "data-testid": "model", title: adaptersTitle(r) },
+        r.model ? r.model + adaptersText(r) : "—"),
       el("td", { "data-testid": "span" }, spanText(r)),
       el("td", { "data-testid": "dtype" }, r.dtype || "—"),
       el("td", { "data-testid": "quant" }, r.quant || "—"),

@@ -77,19 +77,22 @@ async def health(request: web.Request) -> web.Response:
     )
 
 
-def _card(request: web.Request) -> dict[str, Any]:
+def _card(request: web.Request, adapter: str | None = None) -> dict[str, Any]:
     engine = request.app[SERVICE].engine
-    return model_card(engine.model_id, request.app[STARTED], pooling=engine.pooling,
+    model_id = engine.model_id if adapter is None else f"{engine.model_id}:{adapter}"
+    return model_card(model_id, request.app[STARTED], pooling=engine.pooling,
                       hidden_size=engine.hidden_size)  # fmt: skip
 
 
 async def list_models(request: web.Request) -> web.Response:
-    return _json({"object": "list", "data": [_card(request)]})
+    """The base model, and one `model:adapter` id per LoRA adapter the swarm serves."""
+    adapters = await request.app[SERVICE].adapters()
+    return _json({"object": "list", "data": [_card(request, a) for a in (None, *adapters)]})
 
 
 async def get_model(request: web.Request) -> web.Response:
-    request.app[SERVICE].check_model(request.match_info["model"])
-    return _json(_card(request))
+    adapter = await request.app[SERVICE].check_model(request.match_info["model"])
+    return _json(_card(request, adapter))
 
 
 def _grammar(engine: CausalLMEngine, lark: str | None, param: str) -> Grammar | None:
@@ -100,13 +103,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     engine = service.engine
     req = parse_chat(await _body(request))
-    service.check_model(req.model)
+    adapter = await service.check_model(req.model)
     tools = req.tools if req.tool_choice.mode != "none" else ()
     prompt = engine.chat_prompt(req.messages, tools)
     lark = request_grammar(req.response_format, tools, req.tool_choice,
                            parallel=req.parallel_tool_calls)  # fmt: skip
     param = "tools" if tools else "response_format"
-    params = service.params_for(prompt, req.options, _grammar(engine, lark, param))
+    params = service.params_for(prompt, req.options, _grammar(engine, lark, param), adapter)
     builder = _builder(engine, req.options, chat=True, prompts=[prompt], echo=[""])
     if tools:
         builder = _builder(engine, req.options, chat=True, prompts=[prompt], echo=[""],
@@ -118,11 +121,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     engine = service.engine
     req = parse_completion(await _body(request))
-    service.check_model(req.model)
+    adapter = await service.check_model(req.model)
     prompts = [engine.encode(p) if isinstance(p, str) else list(p) for p in req.prompts]
     _check_ids(engine, prompts, "prompt")
     grammar = _grammar(engine, request_grammar(req.response_format), "response_format")
-    params = [service.params_for(ids, req.options, grammar) for ids in prompts]
+    params = [service.params_for(ids, req.options, grammar, adapter) for ids in prompts]
     echo = [
         (p if isinstance(p, str) else engine.decode(p)) if req.echo else ""
         for p in req.prompts
@@ -143,7 +146,9 @@ async def embeddings(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     engine = service.engine
     req = parse_embeddings(await _body(request))
-    service.check_model(req.model)
+    if await service.check_model(req.model) is not None:
+        raise BadRequest("embeddings come from the base model: name it without ':adapter'",
+                         param="model")  # fmt: skip
     if req.dimensions is not None and req.dimensions != engine.hidden_size:
         raise BadRequest(f"this model's embeddings have {engine.hidden_size} dimensions; "
                          "'dimensions' cannot change that", param="dimensions")  # fmt: skip

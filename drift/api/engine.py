@@ -43,6 +43,7 @@ class GenerationParams:
     frequency_penalty: float
     top_logprobs: int | None  # None = no log-probs; k = chosen token plus k alternatives
     grammar: Grammar | None = None  # constrained decoding (response_format, tools)
+    adapter: str | None = None  # a LoRA adapter the swarm serves ("model:adapter" ids)
 
 
 @dataclass(frozen=True)
@@ -84,8 +85,9 @@ class OpenedSessions:
     route: Callable[[], tuple[ServedSpan, ...]]  # the servers in use (after the first step)
 
 
-# (max_length, batch_size) -> a context manager holding one generation's sessions
-SessionFactory = Callable[[int, int], AbstractContextManager[OpenedSessions]]
+# (max_length, batch_size, LoRA adapter or None) -> a context manager holding one
+# generation's sessions
+SessionFactory = Callable[[int, int, str | None], AbstractContextManager[OpenedSessions]]
 Pooling = str  # "mean": mean of the final normed hidden states over the tokens, then L2 norm
 
 
@@ -98,9 +100,13 @@ class CausalLMEngine:
         model_id: str,
         context_length: int | None = None,
         sessions: SessionFactory | None = None,
+        adapters: Callable[[], tuple[str, ...]] | None = None,
     ) -> None:
         self.model = model
         self.sessions = sessions
+        # the LoRA adapters requests may name ("model:adapter"): those the swarm serves now
+        # (may block: the service calls it off the event loop)
+        self.adapters = adapters or (lambda: ())
         self.tokenizer = tokenizer
         self.model_id = model_id
         self.template = ChatTemplate(tokenizer, model_id)
@@ -173,7 +179,7 @@ class CausalLMEngine:
         processors, recorder = self._processors(len(prompt_ids), params, generator)
         with (
             torch.inference_mode(),
-            self._open(len(prompt_ids) + params.max_new_tokens, 1) as opened,
+            self._open(len(prompt_ids) + params.max_new_tokens, 1, params.adapter) as opened,
         ):
             routed = _Once(opened.route, [on_route] if on_route else [])
 
@@ -184,14 +190,16 @@ class CausalLMEngine:
             self._generate(input_ids, torch.ones_like(input_ids), params.max_new_tokens,
                            processors, TokenTap(tap, cancel), opened.generate_kwargs)  # fmt: skip
 
-    def _open(self, max_length: int, batch_size: int) -> AbstractContextManager[OpenedSessions]:
+    def _open(self, max_length: int, batch_size: int,
+              adapter: str | None) -> AbstractContextManager[OpenedSessions]:  # fmt: skip
         if self.sessions is None:
             return contextlib.nullcontext(OpenedSessions({}, lambda: ()))
-        return self.sessions(max_length, batch_size)
+        return self.sessions(max_length, batch_size, adapter)
 
     def generate_batch(self, rows: Sequence[BatchRow]) -> None:
-        """Generate several requests as one left-padded batch; each row stops on its own
-        (EOS, its max_new_tokens, its cancel) and gets `on_done` at that step."""
+        """Generate several requests (of one LoRA adapter, or none) as one left-padded batch;
+        each row stops on its own (EOS, its max_new_tokens, its cancel) and gets `on_done` at
+        that step."""
         width = max(len(r.prompt_ids) for r in rows)
         input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)  # [B, W]
@@ -207,7 +215,8 @@ class CausalLMEngine:
                         [r.cancel for r in rows], [r.on_done for r in rows],
                         self.eos_token_ids)  # fmt: skip
         max_new = max(r.params.max_new_tokens for r in rows)
-        with torch.inference_mode(), self._open(width + max_new, len(rows)) as opened:
+        adapter = rows[0].params.adapter
+        with torch.inference_mode(), self._open(width + max_new, len(rows), adapter) as opened:
             stop.before_step = _Once(opened.route, [r.on_route for r in rows if r.on_route])
             self._generate(input_ids, mask, max_new, LogitsProcessorList([RowProcessors(
                 row_processors)]), stop, opened.generate_kwargs)  # fmt: skip

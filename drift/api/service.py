@@ -92,16 +92,26 @@ class GenerationService:
     def close(self) -> None:
         self.executor.shutdown(wait=True, cancel_futures=True)
 
-    def check_model(self, model: str) -> None:
-        if model != self.engine.model_id:
-            raise NotFound(
-                f"the model {model!r} does not exist; this server serves {self.engine.model_id!r}",
-                param="model",
-            )
+    async def adapters(self) -> tuple[str, ...]:
+        """The LoRA adapters requests may name now (reading them may ask the swarm)."""
+        return await asyncio.to_thread(self.engine.adapters)
+
+    async def check_model(self, model: str) -> str | None:
+        """The LoRA adapter a request's model id names ("base:adapter"; None: the base)."""
+        if model == self.engine.model_id:
+            return None
+        base, _, adapter = model.rpartition(":")
+        adapters = await self.adapters()
+        if base == self.engine.model_id and adapter in adapters:
+            return adapter
+        served = [self.engine.model_id, *(f"{self.engine.model_id}:{a}" for a in adapters)]
+        raise NotFound(f"the model {model!r} does not exist; this server serves {served}",
+                       param="model")  # fmt: skip
 
     def params_for(
-        self, prompt_ids: Sequence[int], options: SamplingOptions, grammar: Grammar | None = None
-    ) -> GenerationParams:
+        self, prompt_ids: Sequence[int], options: SamplingOptions, grammar: Grammar | None = None,
+        adapter: str | None = None,
+    ) -> GenerationParams:  # fmt: skip
         """Check the prompt fits the context and size the completion."""
         room = self.engine.context_length - len(prompt_ids)
         wanted = options.max_tokens
@@ -123,6 +133,7 @@ class GenerationService:
             frequency_penalty=options.frequency_penalty,
             top_logprobs=options.logprobs,
             grammar=grammar,
+            adapter=adapter,
         )
 
     @contextlib.asynccontextmanager
@@ -228,8 +239,10 @@ class GenerationService:
         self._kick_scheduled = False
         loop = asyncio.get_running_loop()
         while self._pending and self._batches < self._max_batches:
-            batch = self._pending[: self.config.max_batch]
-            del self._pending[: len(batch)]
+            adapter = self._pending[0][0].params.adapter  # a batch shares one LoRA adapter
+            batch = [p for p in self._pending if p[0].params.adapter == adapter]
+            batch = batch[: self.config.max_batch]
+            self._pending = [p for p in self._pending if all(p is not b for b in batch)]
             self._batches += 1
             running = loop.run_in_executor(self.executor, self._batch_job, batch)
             running.add_done_callback(self._batch_ended)

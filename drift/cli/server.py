@@ -25,7 +25,7 @@ from drift.cli.procs import RecordHandle, exit_on_sigterm, process_record
 from drift.identity import Identity
 from drift.node import MembershipNode, NodeConfig, RunningApp, build_node_app, run_node
 from drift.paths import resolve_cache_dir
-from drift.server.config import ServerConfig
+from drift.server.config import ServerConfig, parse_adapters
 from drift.swarm import PeerRecord, parse_span
 from drift.swarm.reader import read_swarm_blocking
 from drift.wire.errors import BadRequest, DriftError
@@ -83,6 +83,16 @@ def add_server_options(p: argparse.ArgumentParser, *, num_blocks_default: str = 
         help="announced block-tokens/s of one block (default: measured once, cached)",
     )
     add_quant_type(p)
+    p.add_argument(
+        "--adapters",
+        nargs="+",
+        default=[],
+        metavar="NAME=PATH",
+        help="serve these peft LoRA adapters beside the blocks: NAME=PATH or PATH (named by its "
+        "last path component); PATH is a directory with adapter_config.json and "
+        "adapter_model.safetensors, or a Hub repository id. Clients pick one with "
+        "active_adapter=NAME (default: none)",
+    )
 
 
 def add_quant_type(p: argparse.ArgumentParser) -> None:
@@ -106,6 +116,10 @@ def server_config_from_args(args: argparse.Namespace, *, num_blocks: int | None 
             raise BadRequest(f"--{name} must be >= 1")
     if args.session_timeout <= 0 or args.max_body_mb <= 0:
         raise BadRequest("--session_timeout and --max_body_mb must be > 0")
+    try:
+        adapters = parse_adapters(args.adapters)
+    except ValueError as exc:
+        raise BadRequest(f"--adapters: {exc}") from exc
     return ServerConfig(
         model=args.model, start_block=start, end_block=end,
         num_blocks=args.num_blocks if num_blocks is None else num_blocks,
@@ -114,6 +128,7 @@ def server_config_from_args(args: argparse.Namespace, *, num_blocks: int | None 
         inference_max_length=args.inference_max_length, session_timeout_s=args.session_timeout,
         max_body_bytes=int(args.max_body_mb * (1 << 20)), throughput=args.throughput,
         cache_dir=cache_dir or resolve_cache_dir(args.cache_dir), quant_type=args.quant_type,
+        adapters=adapters,
     )  # fmt: skip
 
 

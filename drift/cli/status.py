@@ -52,10 +52,12 @@ def format_members(records: Sequence[PeerRecord], *, now: float | None = None) -
 
 
 def weights_label(rec: PeerRecord) -> str:
-    """'float32', 'bfloat16 nf4' (dtype and quantization of a server's weights), or '-'."""
+    """'float32', 'bfloat16 nf4' (dtype and quantization of a server's weights), with
+    '+lora:a,b' for the LoRA adapters it serves, or '-'."""
     if rec.dtype is None:
         return "-"
-    return f"{rec.dtype} {rec.quant}" if rec.quant not in (None, "none") else rec.dtype
+    label = f"{rec.dtype} {rec.quant}" if rec.quant not in (None, "none") else rec.dtype
+    return label + (f" +lora:{','.join(rec.adapters)}" if rec.adapters else "")
 
 
 def format_coverage(cov: Coverage) -> list[str]:

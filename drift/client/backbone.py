@@ -143,8 +143,9 @@ class DistributedBaseModel(nn.Module):
     def _needs_grad(self, hidden: torch.Tensor) -> bool:
         if not torch.is_grad_enabled():
             return False
-        tuned = self.ptune is not None and any(p.requires_grad for p in self.ptune.parameters())
-        return hidden.requires_grad or tuned
+        tuned = [*(self.ptune.parameters() if self.ptune is not None else ()),
+                 *(self.layers.lora.parameters() if self.layers.lora is not None else ())]  # fmt: skip
+        return hidden.requires_grad or any(p.requires_grad for p in tuned)
 
     def _stateless(self, input_ids: torch.Tensor | None, hidden: torch.Tensor,
                    mask: torch.Tensor | None, states: bool) -> Blocks:  # fmt: skip

@@ -10,6 +10,7 @@ runs on. Reads no tensors.
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any
 
 from transformers import PretrainedConfig
@@ -50,4 +51,6 @@ def client_for(config: PretrainedConfig, client_config: ClientConfig | None = No
     tokens = parse_peers(peers, None)
     keys = [t.swarm_key for t in tokens if t.swarm_key]
     settings = client_config or ClientConfig(swarm_key=keys[0] if keys else None)
-    return RemoteClient(tokens, fingerprint, settings, KVSharing.from_config(config))
+    client = RemoteClient(tokens, fingerprint, settings, KVSharing.from_config(config))
+    client.adapter_of = functools.partial(getattr, config, "active_adapter", None)  # LoRA
+    return client

@@ -1,6 +1,7 @@
 """DistributedModelForCausalLM: a transformers model whose blocks run on the swarm.
 
-The client holds embeddings, final norm and head (ClientHead) and optional prompt tuning;
+The client holds embeddings, final norm and head (ClientHead) and optional prompt tuning
+or LoRA weights (trained here, applied by the servers: drift.client.lora);
 `model.model` (also `model.transformer`, Petals' name) is a DistributedBaseModel whose
 `layers` are a RemoteSequential. transformers' own generate() drives it: a RemoteCache
 stands for the remote session (length, beam reordering via hypo_ids, rollback). State is
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -28,6 +30,7 @@ from transformers.utils.deprecation import deprecate_kwarg
 from drift.client.backbone import DistributedBaseModel, ThreadCalls
 from drift.client.cache import RemoteCache
 from drift.client.loading import load_parts, open_client_checkpoint
+from drift.client.lora import ClientLora, client_lora
 from drift.client.pretrained_args import apply_overrides, check_config, drop_ignored
 from drift.client.ptune import PromptTuning
 from drift.client.remote import RemoteClient
@@ -47,18 +50,25 @@ class DistributedPreTrainedModel(PreTrainedModel):
         return
 
     def _setup(self, ckpt: Any, head: ClientHead, client: RemoteClient, *, tuning_mode: str | None,
-               pre_seq_len: int) -> None:  # fmt: skip
+               pre_seq_len: int, lora_config: Any = None) -> None:  # fmt: skip
         self.head = head
         self.client = client
         self.num_blocks = _num_blocks(self.config)
+        self.base_model_name = str(ckpt.name)  # what a saved LoRA adapter names as its base
+        client.adapter_of = functools.partial(getattr, self.config, "active_adapter", None)
+        lora = None
+        if tuning_mode == "lora" or lora_config is not None:
+            if tuning_mode not in (None, "lora"):
+                raise ValueError(f"lora_config goes with tuning_mode='lora', not {tuning_mode!r}")
+            lora = client_lora(self.config, lora_config, self.num_blocks)
         ptune = (
             PromptTuning(tuning_mode, pre_seq_len, self.config.hidden_size, self.num_blocks)
-            if tuning_mode
+            if tuning_mode and lora is None
             else None
         )
-        if ptune is not None:
+        if ptune is not None or lora is not None:
             self.head.requires_grad_(False)
-        layers = RemoteSequential(client, 0, self.num_blocks)
+        layers = RemoteSequential(client, 0, self.num_blocks, lora)
         self.model = DistributedBaseModel(self.config, head, layers, ptune)
         self._caches: dict[int, RemoteCache] = {}  # id(session) -> its cache, open sessions only
         self._caches_lock = threading.Lock()
@@ -69,12 +79,16 @@ class DistributedPreTrainedModel(PreTrainedModel):
         dtype: Any = None, torch_dtype: Any = None, device: Any = None,
         client_config: Any = None, tuning_mode: str | None = None, pre_seq_len: int = 0,
         cache_dir: Any = None, revision: str | None = None, token: str | bool | None = None,
-        config: Any = None, **kwargs: Any,
+        config: Any = None, lora_config: Any = None, active_adapter: str | None = None,
+        **kwargs: Any,
     ):  # fmt: skip
         """transformers' from_pretrained for a swarm: `initial_peers` (join tokens or
         multiaddrs) and `swarm_key` find it; `device` places the client's own parts; other
         keyword arguments are config fields, or ignored with a warning saying why
-        (drift.client.pretrained_args)."""
+        (drift.client.pretrained_args). `tuning_mode="lora"` with `lora_config` (a peft
+        LoraConfig, a dict of its fields, or a saved adapter's directory to go on training)
+        trains LoRA weights through the swarm;
+        `active_adapter` applies a LoRA adapter the servers hold (`--adapters`)."""
         overrides = drop_ignored(kwargs)
         ckpt = open_client_checkpoint(name_or_path, cache_dir=cache_dir, revision=revision,
                                       token=token)  # fmt: skip
@@ -87,8 +101,11 @@ class DistributedPreTrainedModel(PreTrainedModel):
             ckpt, initial_peers=initial_peers, swarm_key=swarm_key, dtype=dtype,
             torch_dtype=torch_dtype, client_config=client_config, device=device,
         )  # fmt: skip
+        if active_adapter is not None:
+            text_config.active_adapter = active_adapter  # where Petals keeps it too
         model = cls(text_config)
-        model._setup(ckpt, head, client, tuning_mode=tuning_mode, pre_seq_len=pre_seq_len)
+        model._setup(ckpt, head, client, tuning_mode=tuning_mode, pre_seq_len=pre_seq_len,
+                     lora_config=lora_config)  # fmt: skip
         model._load_extra(ckpt, torch_dt)
         if (ckpt.path / "generation_config.json").exists():
             model.generation_config = GenerationConfig.from_pretrained(ckpt.path)
@@ -123,6 +140,30 @@ class DistributedPreTrainedModel(PreTrainedModel):
     def ptune(self) -> PromptTuning | None:
         return self.model.ptune
 
+    # --- LoRA ------------------------------------------------------------------------------------
+    @property
+    def lora(self) -> ClientLora | None:
+        """The LoRA weights trained through the swarm (tuning_mode="lora"), or None."""
+        return self.model.layers.lora
+
+    @property
+    def active_adapter(self) -> str | None:
+        """The served LoRA adapter this model's requests and new sessions ask for (kept in
+        `config.active_adapter`, as Petals does)."""
+        return self.client.adapter
+
+    @active_adapter.setter
+    def active_adapter(self, name: str | None) -> None:
+        self.config.active_adapter = name
+
+    def save_lora(self, directory: Any) -> None:
+        """Write the trained LoRA weights as a peft adapter (adapter_config.json and
+        adapter_model.safetensors): plain peft loads it onto the local model, and
+        `drift server --adapters` serves it."""
+        if self.lora is None:
+            raise ValueError("this model trains no LoRA weights: open it with tuning_mode='lora'")
+        self.lora.save(directory, self.base_model_name)
+
     def get_input_embeddings(self) -> nn.Module:
         return self.head.embed_tokens
 
@@ -146,7 +187,7 @@ class DistributedPreTrainedModel(PreTrainedModel):
 
     @contextlib.contextmanager
     def inference_session(
-        self, *, max_length: int, batch_size: int = 1
+        self, *, max_length: int, batch_size: int = 1, active_adapter: str | None = None
     ) -> Iterator[InferenceSession]:
         """Keep one remote session across several generate() / forward calls of this thread.
 
@@ -155,7 +196,8 @@ class DistributedPreTrainedModel(PreTrainedModel):
         """
         if self._calls.active is not None:
             raise RuntimeError("an inference session is already active in this thread")
-        session = self.open_session(max_length=max_length, batch_size=batch_size)
+        session = self.open_session(max_length=max_length, batch_size=batch_size,
+                                    active_adapter=active_adapter)  # fmt: skip
         self._calls.active = self.cache_for(session)
         try:
             yield session
@@ -165,11 +207,14 @@ class DistributedPreTrainedModel(PreTrainedModel):
             with self._caches_lock:
                 self._caches.pop(id(session), None)
 
-    def open_session(self, *, max_length: int, batch_size: int = 1) -> InferenceSession:
-        """A new remote session over all blocks; the caller closes it (or uses `with`)."""
+    def open_session(self, *, max_length: int, batch_size: int = 1,
+                     active_adapter: str | None = None) -> InferenceSession:  # fmt: skip
+        """A new remote session over all blocks; the caller closes it (or uses `with`).
+        `active_adapter`: a served LoRA adapter for this session (default: the model's)."""
         return self.model.layers.inference_session(
-            max_length=max_length, batch_size=batch_size, dtype=self.dtype
-        )
+            max_length=max_length, batch_size=batch_size, dtype=self.dtype,
+            active_adapter=active_adapter,
+        )  # fmt: skip
 
     def cache_for(self, session: InferenceSession) -> RemoteCache:
         """The one RemoteCache standing for `session` (what generate(session=...) uses)."""

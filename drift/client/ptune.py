@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-TUNING_MODES = (None, "ptune", "deep_ptune")
+TUNING_MODES = (None, "ptune", "deep_ptune", "lora")  # "lora": drift.client.lora
 
 
 class PromptTuning(nn.Module):

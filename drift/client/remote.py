@@ -3,17 +3,20 @@
 `RemoteClient` runs stateless forward and backward over a chain of servers, rerouting
 around failing peers (banned with backoff, bounded retries), and opens inference sessions.
 Gemma 4's per-layer inputs and shared keys/values travel beside the hidden states
-(drift.client.extras). Every public method is a coroutine run on the client's loop; `run`
-is the sync bridge. A client not closed is closed when collected or at interpreter exit.
+(drift.client.extras), and so do LoRA weights being trained (drift.wire.lora); `adapter`
+names a served LoRA adapter every request asks for, and only servers holding it are routed
+to. Every public method is a coroutine run on the client's loop; `run` is the sync bridge.
+A client not closed is closed when collected or at interpreter exit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 import weakref
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -26,12 +29,21 @@ from drift.client.config import ClientConfig
 from drift.client.extras import Tensors, add_grads, hop_extras
 from drift.client.latency import StepTimeouts
 from drift.client.loop import LoopThread
-from drift.client.routing import Hop, LatencyModel, inference_route, spread_route
+from drift.client.routing import (
+    Hop,
+    LatencyModel,
+    ServerInfo,
+    inference_route,
+    missing_blocks,
+    spread_route,
+)
 from drift.client.swarm_view import SwarmView
 from drift.identity.tokens import JoinToken
 from drift.models.sharing import KVSharing
+from drift.swarm import format_ranges
 from drift.wire.errors import DriftError, MissingBlocks
 from drift.wire.extras import BLOCK_STATES, PER_LAYER_INPUTS, kv_names
+from drift.wire.lora import in_span, split_lora
 
 T = TypeVar("T")
 
@@ -62,6 +74,9 @@ class RemoteClient:
     ) -> None:  # fmt: skip
         self.config = config
         self.model_fingerprint = model_fingerprint
+        # the served LoRA adapter requests ask for, by name: a model reads its config's
+        # `active_adapter` (Petals' idiom, `model.config.active_adapter = name`)
+        self.adapter_of: Callable[[], str | None] = lambda: None
         self.sharing = sharing or KVSharing()  # which blocks read other blocks' keys/values
         self.loop = LoopThread()
         self.bans = BanList(config.ban_base_s, config.ban_max_s)
@@ -77,6 +92,10 @@ class RemoteClient:
 
     async def _make_http(self) -> aiohttp.ClientSession:
         return aiohttp.ClientSession(auto_decompress=True)
+
+    @property
+    def adapter(self) -> str | None:
+        return self.adapter_of()
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self.loop.run(coro)
@@ -104,26 +123,30 @@ class RemoteClient:
             shut_down(*args, wait=True)
 
     async def route(
-        self, start: int, end: int, *, inference: bool = False, tokens_needed: int = 0
-    ) -> list[Hop]:
-        """A chain over [start, end). MissingBlocks only when no server covers a block: when
-        just banned ones do (a peer that failed a moment ago), wait for their bans to end."""
+        self, start: int, end: int, *, inference: bool = False, tokens_needed: int = 0,
+        adapter: str | None = None,
+    ) -> list[Hop]:  # fmt: skip
+        """A chain over [start, end) of servers holding `adapter` (if named). MissingBlocks
+        only when no server covers a block: when just banned ones do (a peer that failed a
+        moment ago), wait for their bans to end."""
+        choose = functools.partial(self._choose, start, end, inference, tokens_needed, adapter)
         await self.swarm.refresh()
         try:
-            return self._choose(start, end, inference, tokens_needed)
+            return choose()
         except MissingBlocks:
             await self.swarm.refresh(force=True)  # maybe a server came back or joined
         try:
-            return self._choose(start, end, inference, tokens_needed)
+            return choose()
         except MissingBlocks:
             wait = self.swarm.ban_wait(self.model_fingerprint, start, end)
             if wait is None:
                 raise
         await asyncio.sleep(wait)
-        return self._choose(start, end, inference, tokens_needed)
+        return choose()
 
-    def _choose(self, start: int, end: int, inference: bool, tokens_needed: int) -> list[Hop]:
-        servers = self.swarm.servers(self.model_fingerprint)
+    def _choose(self, start: int, end: int, inference: bool, tokens_needed: int,
+                adapter: str | None) -> list[Hop]:  # fmt: skip
+        servers = with_adapter(self.swarm.servers(self.model_fingerprint), adapter, start, end)
         if inference:
             model = LatencyModel(
                 rtt_default_s=self.config.rtt_default_s,
@@ -164,27 +187,29 @@ class RemoteClient:
         self, hidden: torch.Tensor, start: int, end: int, *,
         attention_mask: torch.Tensor | None = None, prompts: torch.Tensor | None = None,
         per_layer: torch.Tensor | None = None, shared: Tensors | None = None,
-        stop: int | None = None, states: bool = False,
+        stop: int | None = None, states: bool = False, lora: Tensors | None = None,
     ) -> tuple[torch.Tensor, list[HopTrace]]:  # fmt: skip
         """Hidden states through [start, end); also what each hop was given. `per_layer`
         [B, T, end - start, P] and `shared` (K/V of donors before `start`) are Gemma 4's; hops
         give back the K/V that blocks in [their end, `stop` (default end)) read. With
-        `states`, each hop's trace holds its blocks' outputs."""
+        `states`, each hop's trace holds its blocks' outputs. `lora`: wire-named LoRA
+        weights, each hop sent its blocks' (their gradients come back from `backward`)."""
         shared = dict(shared or {})
         stop = end if stop is None else stop
         trace: list[HopTrace] = []
         block, attempts = start, 0
         while block < end:
-            hops = await self.route(block, end)
+            hops = await self.route(block, end, adapter=self.adapter)
             for hop in hops:
                 extras = hop_extras(self.sharing, start, hop.start_block, hop.end_block,
                                     per_layer, shared)  # fmt: skip
+                extras.update(in_span(lora or {}, hop.start_block, hop.end_block))
                 donate = self.sharing.donated(hop.start_block, hop.end_block, stop)
                 try:
                     reply = await self._timed(hop, "forward", hidden, transport.forward(
                         self.http, hop, self.model_fingerprint, hidden, self.config,
                         attention_mask=attention_mask, prompts=slice_prompts(prompts, start, hop),
-                        extras=extras, donate=donate, states=states,
+                        extras=extras, donate=donate, states=states, adapter=self.adapter,
                         timeout_s=self._timeout(hop, "forward", hidden),
                     ))  # fmt: skip
                 except DriftError as exc:
@@ -205,8 +230,9 @@ class RemoteClient:
         per_layer: torch.Tensor | None = None, grad_shared: Tensors | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, Tensors]:  # fmt: skip
         """Gradients from a forward's trace w.r.t. the chain's input, its deep prompts, its
-        per-layer inputs, and the K/V it read from donors before `start`. `grad_shared`:
-        gradients w.r.t. the K/V the chain gave to blocks after it."""
+        per-layer inputs, and (by name) the K/V it read from donors before `start` and the
+        LoRA weights it was sent. `grad_shared`: gradients w.r.t. the K/V the chain gave to
+        blocks after it."""
         grad_prompts = torch.zeros_like(prompts) if prompts is not None else None
         grad_per_layer = torch.zeros_like(per_layer) if per_layer is not None else None
         grad_kv = dict(grad_shared or {})
@@ -236,18 +262,20 @@ class RemoteClient:
                 reply = await self._timed(hop, "backward", step.hidden, transport.backward(
                     self.http, hop, self.model_fingerprint, step.hidden, grad, self.config,
                     attention_mask=mask, prompts=sub_prompts, extras=step.extras,
-                    grad_extras=grad_out, timeout_s=self._timeout(hop, "backward", step.hidden),
+                    grad_extras=grad_out, adapter=self.adapter,
+                    timeout_s=self._timeout(hop, "backward", step.hidden),
                 ))  # fmt: skip
                 return reply.grad_inputs, reply.grad_prompts, dict(reply.grad_extras)
             except DriftError as exc:
                 attempts = self.count_failure(exc, hop, attempts)
             # another server for exactly this span: forward through its chain, then backward
             a, b = step.hop.start_block, step.hop.end_block
-            per_layer = step.extras.get(PER_LAYER_INPUTS)
-            read = {k: v for k, v in step.extras.items() if k != PER_LAYER_INPUTS}
+            lora, others = split_lora(step.extras)
+            per_layer = others.get(PER_LAYER_INPUTS)
+            read = {k: v for k, v in others.items() if k != PER_LAYER_INPUTS}
             _, sub_trace = await self.forward(
                 step.hidden, a, b, attention_mask=mask, prompts=sub_prompts, per_layer=per_layer,
-                shared=read, stop=step.stop,
+                shared=read, stop=step.stop, lora=lora,
             )  # fmt: skip
             if len(sub_trace) == 1:
                 hop = sub_trace[0].hop
@@ -259,6 +287,21 @@ class RemoteClient:
             if g_per_layer is not None:
                 g_kv[PER_LAYER_INPUTS] = g_per_layer
             return g, g_prompts, g_kv
+
+
+def with_adapter(servers: list[ServerInfo], adapter: str | None, start: int,
+                 end: int) -> list[ServerInfo]:  # fmt: skip
+    """The servers holding `adapter` (all when None); MissingBlocks naming the blocks that
+    no server holding it covers."""
+    if adapter is None:
+        return servers
+    holding = [s for s in servers if adapter in s.adapters]
+    missing = missing_blocks(holding, start, end)
+    if missing and not missing_blocks(servers, start, end):
+        raise MissingBlocks(f"no server holding LoRA adapter {adapter!r} serves blocks "
+                            f"{format_ranges(missing)} (others serve them without it)",
+                            missing=missing, adapter=adapter)  # fmt: skip
+    return holding
 
 
 def _shut_down(loop: LoopThread, http: aiohttp.ClientSession, sockets: Any, *,

@@ -27,6 +27,7 @@ class ServerInfo:
     throughput: float  # block-tokens per second for one block (higher is faster)
     cache_tokens_left: int
     rtt_s: float | None = None  # measured round trip, None if not measured yet
+    adapters: tuple[str, ...] = ()  # LoRA adapters it serves, by name
 
     @classmethod
     def from_record(cls, record: PeerRecord, rtt_s: float | None = None) -> ServerInfo:
@@ -34,7 +35,8 @@ class ServerInfo:
         assert record.span is not None and record.addrs, "not a serving record"
         return cls(record.peer_id, record.addrs[0].rstrip("/"), *record.span,
                    throughput=float(record.throughput or 1.0),
-                   cache_tokens_left=record.cache_tokens_left, rtt_s=rtt_s)  # fmt: skip
+                   cache_tokens_left=record.cache_tokens_left, rtt_s=rtt_s,
+                   adapters=record.adapters)  # fmt: skip
 
 
 @dataclass(frozen=True)

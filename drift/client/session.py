@@ -5,8 +5,10 @@ session, its span is routed to other servers and that history is replayed into t
 so generation continues with identical results; `extend` reopens every span longer the
 same way. Gemma 4: each step sends every span its per-layer inputs and the new positions'
 keys/values of donors in earlier spans (the servers keep the past ones); a replay carries
-them too. Steps take tensors on any device and give them back there, in the caller's dtype.
-Sync methods wrap the async core.
+them too. LoRA: a session asks its servers for a served adapter (`adapter`, at open), and
+sends LoRA weights being trained (`lora`) once per socket, with its first step. Steps take
+tensors on any device and give them back there, in the caller's dtype. Sync methods wrap
+the async core.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from drift.client.transport import SpanSocket
 from drift.wire import messages as m
 from drift.wire.errors import DriftError, LengthExceeded
 from drift.wire.extras import BLOCK_STATES
+from drift.wire.lora import in_span
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,7 @@ class SpanState:
     hop: Hop
     socket: SpanSocket
     history: list[StepInputs] = field(default_factory=list)
+    lora_sent: bool = False  # the session's LoRA weights went with a step on this socket
 
 
 class InferenceSession:
@@ -51,8 +55,13 @@ class InferenceSession:
     def __init__(
         self, client: RemoteClient, start_block: int, end_block: int, *,
         max_length: int, batch_size: int = 1, dtype: torch.dtype = torch.float32,
+        adapter: str | None = None, lora: Tensors | None = None,
     ) -> None:  # fmt: skip
+        """`adapter`: a served LoRA adapter; `lora`: wire-named LoRA weights (drift.wire.lora)
+        of the blocks, detached, sent to each server once."""
         self.client = client
+        self.adapter = adapter
+        self.lora = dict(lora or {})
         self.start_block, self.end_block = start_block, end_block
         self.max_length, self.batch_size = max_length, batch_size
         self.dtype = dtype  # what steps travel in (the servers check it)
@@ -70,15 +79,15 @@ class InferenceSession:
 
     def _open_msg(self, hop: Hop) -> m.OpenSession:
         return m.OpenSession(self.client.model_fingerprint, hop.start_block, hop.end_block,
-                             self.max_length, self.batch_size, self.dtype_name)  # fmt: skip
+                             self.max_length, self.batch_size, self.dtype_name,
+                             self.adapter)  # fmt: skip
 
     async def _connect(self, start: int, end: int) -> list[SpanState]:
         """Open sockets along a fresh route over [start, end), retrying around failures."""
         attempts = 0
         while True:
-            hops = await self.client.route(
-                start, end, inference=True, tokens_needed=self.max_length * self.batch_size
-            )
+            hops = await self.client.route(start, end, inference=True, adapter=self.adapter,
+                                           tokens_needed=self.max_length * self.batch_size)  # fmt: skip
             opened: list[SpanState] = []
             try:
                 for hop in hops:
@@ -179,6 +188,8 @@ class InferenceSession:
         hop = span.hop
         extras = hop_extras(self.client.sharing, self.start_block, hop.start_block,
                             hop.end_block, s.per_layer, s.shared)  # fmt: skip
+        if not span.lora_sent:
+            extras.update(in_span(self.lora, hop.start_block, hop.end_block))
         donate = self.client.sharing.donated(hop.start_block, hop.end_block, stop)
         started = time.perf_counter()
         key, tokens = f"{span.hop.peer_id}:step", s.hidden.shape[0] * s.hidden.shape[1]
@@ -188,6 +199,7 @@ class InferenceSession:
             donate=donate, states=states, timeout_s=self.client.timeouts.timeout(key, tokens),
         )  # fmt: skip
         seconds = time.perf_counter() - started
+        span.lora_sent = True
         # measured step time feeds the per-peer EWMA that routing reads as rtt_s, and the
         # step timeout: a peer that stops answering is left after a few of its step times
         self.client.swarm.note_rtt(span.hop.peer_id, seconds)

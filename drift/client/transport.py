@@ -100,11 +100,12 @@ async def forward(
     config: ClientConfig, *,
     attention_mask: torch.Tensor | None = None, prompts: torch.Tensor | None = None,
     extras: dict[str, torch.Tensor] | None = None, donate: tuple[int, ...] = (),
-    states: bool = False, timeout_s: float | None = None,
+    states: bool = False, timeout_s: float | None = None, adapter: str | None = None,
 ) -> m.ForwardResponse:  # fmt: skip
-    """`states`: the reply also carries each block's output (extras.BLOCK_STATES)."""
+    """`states`: the reply also carries each block's output (extras.BLOCK_STATES);
+    `adapter`: a served LoRA adapter to apply."""
     req = m.ForwardRequest(model, hop.start_block, hop.end_block, hidden, attention_mask, prompts,
-                           extras or {}, donate, states)  # fmt: skip
+                           extras or {}, donate, states, adapter)  # fmt: skip
     n_states = hop.end_block - hop.start_block if states else 0
     return await post_frame(http, hop, "forward", req, m.ForwardResponse, config, timeout_s,
                             donate=donate, states=n_states)  # fmt: skip
@@ -116,9 +117,11 @@ async def backward(
     attention_mask: torch.Tensor | None = None, prompts: torch.Tensor | None = None,
     extras: dict[str, torch.Tensor] | None = None,
     grad_extras: dict[str, torch.Tensor] | None = None, timeout_s: float | None = None,
+    adapter: str | None = None,
 ) -> m.BackwardResponse:  # fmt: skip
     req = m.BackwardRequest(model, hop.start_block, hop.end_block, hidden, grad_outputs,
-                            attention_mask, prompts, extras or {}, grad_extras or {})  # fmt: skip
+                            attention_mask, prompts, extras or {}, grad_extras or {},
+                            adapter)  # fmt: skip
     return await post_frame(http, hop, "backward", req, m.BackwardResponse, config, timeout_s,
                             extras=tuple(req.extras))  # fmt: skip
 

@@ -7,20 +7,24 @@ a KV cache. Family specifics live in the adapter; sessions live in drift.models.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 from drift.models.adapters.base import RunContext
 from drift.models.convert import convert_block
+from drift.models.lora import LoraHooks, lora_targets
 from drift.models.memory import trim_heap
 from drift.models.quant import QUANT_TYPES, quant_backend, quantize_layer
 from drift.models.registry import get_adapter
 from drift.models.session import SpanSession
-from drift.wire.checks import check_grad_outputs, check_pass
-from drift.wire.errors import BadRequest, SpanNotServed
+from drift.wire.checks import check_grad_outputs, check_lora, check_pass
+from drift.wire.errors import BadRequest, SpanNotServed, UnknownAdapter
 from drift.wire.extras import BLOCK_STATES, ExtraSpec, kv_block
+from drift.wire.lora import split_lora
 
 Tensors = dict[str, torch.Tensor]
 
@@ -63,6 +67,11 @@ class ModelSpan(torch.nn.Module):
         self.quant = quant  # none | int8 | nf4: how the blocks' linear weights are stored
         self.layers = torch.nn.ModuleList(layers)
         self.aux = adapter.build_aux().to(device)
+        # LoRA: the modules weights may adapt, the hooks adding them, served adapters by name
+        self.lora_targets = tuple(t for i, layer in enumerate(layers)
+                                  for t in lora_targets(layer, start_block + i))  # fmt: skip
+        self.lora = LoraHooks(self.layers, start_block, device, dtype)
+        self.adapters: dict[str, Tensors] = {}
 
     @classmethod
     def load(
@@ -107,6 +116,23 @@ class ModelSpan(torch.nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.layers.parameters())
 
+    def add_adapter(self, name: str, weights: Mapping[str, torch.Tensor]) -> None:
+        """Serve LoRA weights (wire-named, B scaled; drift.models.peft_files) as `name`."""
+        checked = check_lora(weights, self.lora_targets)
+        self.adapters[name] = {k: v.to(self.device, self.dtype) for k, v in checked.items()}
+
+    @contextlib.contextmanager
+    def serving(self, *weights: Mapping[str, torch.Tensor],
+                adapter: str | None = None) -> Iterator[None]:  # fmt: skip
+        """Every call inside adds the served adapter `adapter` and LoRA `weights` (a
+        session's) to its blocks' outputs."""
+        if adapter is not None and adapter not in self.adapters:
+            raise UnknownAdapter(f"this server holds no adapter {adapter!r}; it holds "
+                                 f"{sorted(self.adapters)}")  # fmt: skip
+        served = self.adapters[adapter] if adapter is not None else {}
+        with self.lora.fixed(served, *weights):
+            yield
+
     # --- core ------------------------------------------------------------------------------
     def run_layers(
         self,
@@ -125,24 +151,28 @@ class ModelSpan(torch.nn.Module):
         each layer's output as BLOCK_STATES [B, T, n, H] when `states` is asked."""
         tokens = hidden.shape[1]
         positions = positions_from_mask(mask_2d, tokens)
+        lora, extras = split_lora(extras or {})
         ctx = RunContext(layer_ids, mask_2d, positions, cache, extras)
         prep = self.adapter.prepare(self.aux, hidden, ctx)
         outputs = []
-        for j, index in enumerate(layer_ids):
-            if prompts is not None:
-                hidden = add_prompts(hidden, prompts[j], offset)
-            layer = self.layers[index - self.start_block]
-            hidden = self.adapter.call_layer(layer, index, hidden, prep, ctx)
-            if states:
-                outputs.append(hidden)
+        with self.lora.use(lora):
+            for j, index in enumerate(layer_ids):
+                if prompts is not None:
+                    hidden = add_prompts(hidden, prompts[j], offset)
+                layer = self.layers[index - self.start_block]
+                hidden = self.adapter.call_layer(layer, index, hidden, prep, ctx)
+                if states:
+                    outputs.append(hidden)
         named = self.adapter.donated(prep, ctx, donate, tokens)
         if states:
             named[BLOCK_STATES] = torch.stack(outputs, dim=2)  # [B, T, n, H]
         return hidden, named
 
     def extra_spec(self, start_block: int, end_block: int) -> ExtraSpec:
-        """The named tensors blocks [start_block, end_block) take and give (drift.wire.extras)."""
-        return self.adapter.extra_spec(start_block, end_block)
+        """The named tensors blocks [start_block, end_block) take and give (drift.wire.extras),
+        and the modules LoRA weights may adapt there."""
+        lora = tuple(t for t in self.lora_targets if start_block <= t.block < end_block)
+        return dataclasses.replace(self.adapter.extra_spec(start_block, end_block), lora=lora)
 
     def check_range(self, start_block: int | None, end_block: int | None) -> tuple[int, int]:
         """The half-open sub-span [start, end) of what is held, defaults filled in."""

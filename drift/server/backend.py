@@ -94,11 +94,12 @@ class SpanBackend:
 
     # The requests were validated at the wire edge (ForwardRequest/BackwardRequest.from_wire)
     # and by `check`: the span's trusted entries run them as they are. Plain requests run
-    # chunk by chunk; those with extras (Gemma 4's per-layer inputs and shared K/V) or asking
-    # for every block's states run as one unit (bounded by max_request_tokens).
+    # chunk by chunk; those with extras (Gemma 4's per-layer inputs and shared K/V, LoRA
+    # weights), a served LoRA adapter, or asking for every block's states run as one unit
+    # (bounded by max_request_tokens).
     async def forward(self, req: ForwardRequest) -> ForwardResponse:
         self.check(req.model, req.start_block, req.end_block, *req.hidden_states.shape[:2])
-        if req.extras or req.donate or req.block_states:
+        if req.extras or req.donate or req.block_states or req.adapter:
             return await self.run_chunk(functools.partial(self._forward, req))
         outs = []
         for group in row_groups(req.hidden_states, req.attention_mask, req.prompts,
@@ -112,7 +113,7 @@ class SpanBackend:
 
     async def backward(self, req: BackwardRequest) -> BackwardResponse:
         self.check(req.model, req.start_block, req.end_block, *req.hidden_states.shape[:2])
-        if req.extras or req.grad_extras:
+        if req.extras or req.grad_extras or req.adapter:
             return await self.run_chunk(functools.partial(self._backward, req))
         grads, grad_prompts = [], []
         for group in row_groups(req.hidden_states, req.attention_mask, req.prompts,
@@ -126,16 +127,19 @@ class SpanBackend:
                                 merge_grad_prompts(grad_prompts, req.prompts))  # fmt: skip
 
     def _forward(self, req: ForwardRequest) -> ForwardResponse:
-        out, donated = self.span.run_forward(req.start_block, req.end_block, req.hidden_states,
-                                             req.attention_mask, req.prompts, req.extras,
-                                             req.donate, req.block_states)  # fmt: skip
+        with self.span.serving(adapter=req.adapter):
+            out, donated = self.span.run_forward(req.start_block, req.end_block,
+                                                 req.hidden_states, req.attention_mask,
+                                                 req.prompts, req.extras, req.donate,
+                                                 req.block_states)  # fmt: skip
         return ForwardResponse(out.to("cpu"), {k: v.to("cpu") for k, v in donated.items()})
 
     def _backward(self, req: BackwardRequest) -> BackwardResponse:
-        grad, grad_prompts, grad_extras = self.span.run_backward(
-            req.start_block, req.end_block, req.hidden_states, req.grad_outputs,
-            req.attention_mask, req.prompts, req.extras, req.grad_extras,
-        )  # fmt: skip
+        with self.span.serving(adapter=req.adapter):
+            grad, grad_prompts, grad_extras = self.span.run_backward(
+                req.start_block, req.end_block, req.hidden_states, req.grad_outputs,
+                req.attention_mask, req.prompts, req.extras, req.grad_extras,
+            )  # fmt: skip
         return BackwardResponse(
             grad.detach().to("cpu"),
             None if grad_prompts is None else grad_prompts.to("cpu"),

@@ -19,6 +19,7 @@ from drift.models.memory import resident_bytes, trim_heap
 from drift.models.quant import parse_quant, quant_backend, warm_up
 from drift.models.registry import get_adapter
 from drift.models.span import ModelSpan
+from drift.server.adapters import load_adapters
 from drift.server.backend import SpanBackend
 from drift.server.config import ServerConfig
 from drift.server.routes import add_server_routes
@@ -86,6 +87,7 @@ def load_server(
     before = resident_bytes()
     span = ModelSpan.load(ckpt, start, end, dtype=dtype, device=device, quant=quant,
                           progress=progress)  # fmt: skip
+    load_adapters(span, config.adapters)
     after = resident_bytes()
     if before is not None and after is not None:
         log.info("weights of blocks [%d, %d) take %.1f MiB resident (RSS %.1f -> %.1f MiB)",

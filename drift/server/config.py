@@ -6,8 +6,11 @@ environment or touches torch.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from drift.wire.lora import check_adapter_names
 
 
 @dataclass(frozen=True)
@@ -36,3 +39,19 @@ class ServerConfig:
     throughput: float | None = None  # block-tokens/s of one block; None: measured at start
     cache_dir: Path | None = None  # where the throughput measurement is cached (None: none)
     revision: str | None = None  # Hub revision of the model, when it comes from the Hub
+    # LoRA adapters served beside the base blocks: (name, peft adapter directory or Hub id)
+    adapters: tuple[tuple[str, str], ...] = ()
+
+
+def parse_adapters(values: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """`NAME=PATH_OR_HUB_ID` or `PATH_OR_HUB_ID` -> (name, source); ValueError if bad."""
+    pairs = []
+    for value in values:
+        name, sep, source = value.partition("=")
+        if not sep:
+            source, name = value, Path(value.rstrip("/")).name
+        if not source:
+            raise ValueError(f"--adapters {value!r}: give NAME=PATH or PATH")
+        pairs.append((name, source))
+    check_adapter_names(name for name, _ in pairs)
+    return tuple(pairs)

@@ -14,6 +14,7 @@ import logging
 
 from drift.models.checkpoint import Checkpoint, open_checkpoint
 from drift.models.span import ModelSpan
+from drift.server.adapters import load_adapters
 from drift.server.backend import SpanBackend
 from drift.server.config import ServerConfig
 from drift.server.runtime import SpanRuntime
@@ -58,8 +59,10 @@ def _load(config: ServerConfig, old: SpanBackend, ckpt: Checkpoint | None, start
     if ckpt is None:
         ckpt = open_checkpoint(config.model, cache_dir=config.cache_dir, revision=config.revision,
                                dtype=span.dtype)  # fmt: skip
-    return ModelSpan.load(ckpt, start_block, end_block, dtype=span.dtype, device=span.device,
-                          quant=span.quant)  # fmt: skip
+    new = ModelSpan.load(ckpt, start_block, end_block, dtype=span.dtype, device=span.device,
+                         quant=span.quant)  # fmt: skip
+    load_adapters(new, config.adapters)
+    return new
 
 
 async def _drain(sessions: SessionManager, deadline: float) -> None:

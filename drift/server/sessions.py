@@ -2,12 +2,14 @@
 
 `open` reserves cache room (or raises CacheFull) and fixes the session's `StepLimits`;
 `step` runs a step the wire edge already validated against them (StepRequest.from_wire) on
-the compute thread, `close` frees it; `reap` closes sessions idle past the timeout.
-Knows nothing about WebSockets.
+the compute thread, `close` frees it; `reap` closes sessions idle past the timeout. A session
+applies its served LoRA adapter (named at open) and the LoRA weights its last step carrying
+any sent (a client's trained ones, sent once). Knows nothing about WebSockets.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import secrets
@@ -20,7 +22,8 @@ import torch
 from drift.server.backend import SpanBackend
 from drift.server.budget import CacheBudget
 from drift.wire.checks import ACTIVATION_DTYPES, StepLimits
-from drift.wire.errors import Busy, LengthExceeded, UnknownSession
+from drift.wire.errors import Busy, LengthExceeded, UnknownAdapter, UnknownSession
+from drift.wire.lora import split_lora
 from drift.wire.messages import OpenSession, SessionOpened, StepRequest, StepResponse
 
 log = logging.getLogger(__name__)
@@ -35,6 +38,7 @@ class Session:
     reserved: int  # block-tokens held in the budget
     last_used: float = field(default_factory=time.monotonic)
     busy: bool = False  # a step is running: never reaped mid-step
+    lora: dict[str, torch.Tensor] = field(default_factory=dict)  # LoRA weights sent by a step
 
 
 class SessionManager:
@@ -52,6 +56,9 @@ class SessionManager:
         if self.refusing is not None:
             raise Busy(self.refusing)
         self.backend.check(req.model, req.start_block, req.end_block, req.batch_size)
+        if req.adapter is not None and req.adapter not in self.backend.span.adapters:
+            raise UnknownAdapter(f"this server holds no adapter {req.adapter!r}; it holds "
+                                 f"{sorted(self.backend.span.adapters)}")  # fmt: skip
         if req.max_length > self.max_length:
             raise LengthExceeded(
                 f"max_length {req.max_length} exceeds this server's limit of {self.max_length}"
@@ -91,6 +98,9 @@ class SessionManager:
         runs in chunks of the backend's `chunk_tokens`, so other sessions' steps run between
         (a step carrying extras or asking for every block's states runs as one unit)."""
         session = self.get(session_id)
+        lora, others = split_lora(req.extras)
+        if lora:  # kept for this step and the next ones
+            session.lora, req = lora, dataclasses.replace(req, extras=others)
         session.busy = True
         try:
             if req.extras or req.donate or req.block_states:
@@ -106,25 +116,26 @@ class SessionManager:
             session.last_used = time.monotonic()
         return StepResponse(req.step_id, outs[0] if len(outs) == 1 else torch.cat(outs, dim=1))
 
-    @staticmethod
-    def _step(session: Session, req: StepRequest) -> StepResponse:
-        out, donated = session.cache.run(
-            req.position, req.hidden_states, hypo_ids=req.hypo_ids,
-            attention_mask=req.attention_mask, prompts=req.prompts, extras=req.extras,
-            donate=req.donate, states=req.block_states,
-        )  # fmt: skip
+    def _step(self, session: Session, req: StepRequest) -> StepResponse:
+        with self.backend.span.serving(session.lora, adapter=session.request.adapter):
+            out, donated = session.cache.run(
+                req.position, req.hidden_states, hypo_ids=req.hypo_ids,
+                attention_mask=req.attention_mask, prompts=req.prompts, extras=req.extras,
+                donate=req.donate, states=req.block_states,
+            )  # fmt: skip
         return StepResponse(
             req.step_id, out.to("cpu"), {k: v.to("cpu") for k, v in donated.items()}
         )
 
-    @staticmethod
-    def _step_tokens(session: Session, req: StepRequest, pos: int, stop: int) -> torch.Tensor:
+    def _step_tokens(self, session: Session, req: StepRequest, pos: int,
+                     stop: int) -> torch.Tensor:  # fmt: skip
         """Tokens [pos, stop) of a plain step (beam reorder with the first chunk only)."""
         mask = req.attention_mask
-        out, _ = session.cache.run(req.position + pos, req.hidden_states[:, pos:stop],
-                                   hypo_ids=req.hypo_ids if pos == 0 else None,
-                                   attention_mask=None if mask is None else mask[:, pos:stop],
-                                   prompts=req.prompts)  # fmt: skip
+        with self.backend.span.serving(session.lora, adapter=session.request.adapter):
+            out, _ = session.cache.run(req.position + pos, req.hidden_states[:, pos:stop],
+                                       hypo_ids=req.hypo_ids if pos == 0 else None,
+                                       attention_mask=None if mask is None else mask[:, pos:stop],
+                                       prompts=req.prompts)  # fmt: skip
         return out.to("cpu")
 
     def close(self, session_id: str) -> None:

@@ -7,13 +7,13 @@ peer needs travels in the server's signed membership record (`record_fields`). P
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 # The /blocks fields a server also announces in its membership record.
 RECORD_FIELDS = ("model", "model_fingerprint", "num_blocks", "start_block", "end_block",
                  "dtype", "quant", "throughput", "cache_tokens_left", "cache_tokens_total",
-                 "active_sessions", "state")  # fmt: skip
+                 "active_sessions", "state", "adapters")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class BlocksInfo:
     inference_max_length: int  # largest max_length a session may open, tokens
     max_body_bytes: int  # largest request body or WebSocket message
     state: str  # joining | online | offline
+    adapters: list[str] = field(default_factory=list)  # LoRA adapters served, by name
 
     def to_wire(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

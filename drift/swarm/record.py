@@ -17,11 +17,15 @@ import orjson
 
 from drift.identity import Identity, verify_signature
 from drift.wire.errors import BadRequest
+from drift.wire.lora import check_adapter_names
 
 STATES = ("joining", "online", "offline")
 ROLES = ("server", "dht")
 MAX_RECORD_BYTES = 4096  # canonical JSON + signature; a real record is under 1 KiB
 MAX_ADDRS = 8  # addresses one record may announce
+MAX_ADAPTERS = 16  # LoRA adapter names one record may announce
+# fields a record carries only when set (records without them stay byte-identical)
+OPTIONAL_FIELDS = ("adapters",)
 
 _NUM = (int, float)
 # field -> (allowed python types, nullable)
@@ -70,6 +74,7 @@ class PeerRecord:
     seq: int
     expires_at: float
     signature: str = ""
+    adapters: tuple[str, ...] = ()  # names of the LoRA adapters served (drift.wire.lora)
     # unknown fields from newer peers, kept so the signature still verifies when forwarded
     extra: tuple[tuple[str, Any], ...] = field(default=())
 
@@ -77,6 +82,8 @@ class PeerRecord:
         """Every signed field (not the signature) as JSON-ready values."""
         out = {name: getattr(self, name) for name in _SCHEMA}
         out["addrs"] = list(self.addrs)
+        if self.adapters:
+            out["adapters"] = list(self.adapters)
         out.update(self.extra)
         return out
 
@@ -136,15 +143,27 @@ class PeerRecord:
         signature = data.get("signature")
         if not isinstance(signature, str):
             raise BadRequest("membership record lacks a string 'signature'")
-        extra = tuple(
-            sorted((k, v) for k, v in data.items() if k not in _SCHEMA and k != "signature")
-        )
-        record = cls(**values, signature=signature, extra=extra)
+        known = {*_SCHEMA, *OPTIONAL_FIELDS, "signature"}
+        extra = tuple(sorted((k, v) for k, v in data.items() if k not in known))
+        record = cls(**values, signature=signature, adapters=_adapters(data.get("adapters", [])),
+                     extra=extra)  # fmt: skip
         size = len(record.canonical()) + len(signature)
         if size > MAX_RECORD_BYTES:
             raise BadRequest(f"membership record of {size} bytes exceeds {MAX_RECORD_BYTES} bytes")
         _check_consistent(record)
         return record
+
+
+def _adapters(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        value = None
+    if value is None or len(value) > MAX_ADAPTERS:
+        raise BadRequest(f"membership record field 'adapters' must be a list of at most "
+                         f"{MAX_ADAPTERS} names")  # fmt: skip
+    try:
+        return check_adapter_names(value)
+    except ValueError as exc:
+        raise BadRequest(f"membership record field 'adapters': {exc}") from exc
 
 
 def _check_consistent(record: PeerRecord) -> None:
@@ -200,16 +219,17 @@ def sign_record(identity: Identity, fields: dict[str, Any]) -> PeerRecord:
     """Validate `fields` (peer_id must be the identity's) and sign them."""
     if fields.get("peer_id") != identity.peer_id:
         raise BadRequest("a record may only be signed by the peer it describes")
-    unknown = set(fields) - set(_SCHEMA)
+    unknown = set(fields) - set(record_fields())
     if unknown:
-        raise BadRequest(f"unknown record fields {sorted(unknown)}; known: {sorted(_SCHEMA)}")
+        known = sorted(record_fields())
+        raise BadRequest(f"unknown record fields {sorted(unknown)}; known: {known}")
     unsigned = PeerRecord.from_wire({**fields, "signature": ""})
     sig = identity.sign(unsigned.canonical())
     return dataclasses.replace(unsigned, signature=base64.b64encode(sig).decode("ascii"))
 
 
 def record_fields() -> tuple[str, ...]:
-    return tuple(_SCHEMA)
+    return (*_SCHEMA, *OPTIONAL_FIELDS)
 
 
 __all__ = [

@@ -17,6 +17,7 @@ import torch
 
 from drift.wire.errors import BadRequest, BadTensor, LengthExceeded, VersionMismatch
 from drift.wire.extras import NO_EXTRAS, ExtraSpec, Shape
+from drift.wire.lora import LoraTarget, check_adapter_names, lora_name, parse_lora_name, split_lora
 from drift.wire.version import PROTOCOL_VERSION
 
 ACTIVATION_DTYPES: dict[str, torch.dtype] = {
@@ -76,8 +77,22 @@ def get_span(params: dict[str, Any]) -> tuple[int, int]:
     return start, end
 
 
+def get_adapter(params: dict[str, Any]) -> str | None:
+    """The optional `adapter` field: the name of a LoRA adapter the server holds."""
+    if params.get("adapter") is None:
+        return None
+    value = params["adapter"]
+    if not isinstance(value, str):
+        raise BadRequest(f"field 'adapter' must be a string, got {type(value).__name__}")
+    try:
+        return check_adapter_names([value])[0]
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from exc
+
+
 def no_extra_tensors(tensors: dict[str, Any], allowed: tuple[str, ...]) -> None:
-    extra = sorted(set(tensors) - set(allowed))
+    """Only `allowed` tensors (and LoRA weights, which check_pass checks against the span)."""
+    extra = sorted(set(split_lora(tensors)[1]) - set(allowed))
     if extra:
         raise BadTensor(f"unexpected tensors {extra}; this message takes {list(allowed)}")
 
@@ -175,6 +190,41 @@ def check_named(
     return out
 
 
+def check_lora(tensors: Mapping[str, Any], targets: tuple[LoraTarget, ...]) -> dict[str, Any]:
+    """LoRA weights (drift.wire.lora) for modules among `targets`: both parts of each, A
+    [r, in] and B [out, r] with one rank 1 <= r <= min(in, out), floating point, finite."""
+    known = {(t.block, t.module): t for t in targets}
+    out = {}
+    for name in sorted(tensors):
+        parsed = parse_lora_name(name)
+        if parsed is None:
+            raise BadTensor(f"{name!r} is not a LoRA weight name (lora.<block>.<module>.A|B)")
+        block, module, part = parsed
+        target = known.get((block, module))
+        if target is None:
+            where = sorted({m for b, m in known if b == block})
+            raise BadTensor(f"{name}: block {block} has no LoRA-adaptable module {module!r} "
+                            f"here (it has {where})")  # fmt: skip
+        other = lora_name(block, module, "B" if part == "A" else "A")
+        if other not in tensors:
+            raise BadTensor(f"{name} comes without {other}")
+        if part == "B":
+            continue
+        a = check_activation(name, tensors[name], rank=2, hidden_size=target.in_features)
+        b = check_activation(other, tensors[other], rank=2, hidden_size=None)
+        r = a.shape[0]
+        if r > min(target.in_features, target.out_features):
+            raise BadTensor(f"{name} has rank {r}, past this module's "
+                            f"{min(target.in_features, target.out_features)}")  # fmt: skip
+        if tuple(b.shape) != (target.out_features, r):
+            raise BadTensor(f"{other} has shape {list(b.shape)}, expected "
+                            f"[{target.out_features}, {r}]")  # fmt: skip
+        if not (bool(a.isfinite().all()) and bool(b.isfinite().all())):
+            raise BadTensor(f"the LoRA weights of block {block} {module} are not all finite")
+        out[name], out[other] = a, b
+    return out
+
+
 def get_donate(params: dict[str, Any], spec: ExtraSpec) -> tuple[int, ...]:
     """The optional `donate` list: blocks of the span whose shared K/V the reply must carry."""
     if "donate" not in params:
@@ -212,9 +262,10 @@ def check_pass(
     spec: ExtraSpec = NO_EXTRAS,
 ) -> PassInputs:  # fmt: skip
     """Hidden states [B, T, H] with their optional mask, deep prompts and beam reorder, and
-    the named tensors beside them that `spec` says the span takes (Gemma 4)."""
+    the named tensors beside them that `spec` says the span takes (Gemma 4; LoRA weights)."""
     hidden = check_activation("hidden_states", hidden, rank=3, hidden_size=hidden_size)
     batch, tokens = hidden.shape[:2]
+    lora, named = split_lora(extras or {})
     return PassInputs(
         hidden,
         None
@@ -222,8 +273,9 @@ def check_pass(
         else check_mask("attention_mask", attention_mask, (batch, tokens)),  # fmt: skip
         check_prompts(prompts, n_blocks, batch, hidden_size),
         None if hypo_ids is None else check_indices("hypo_ids", hypo_ids, batch),
-        check_named(extras or {}, spec.inputs, batch=batch, tokens=tokens),
-    )
+        {**check_named(named, spec.inputs, batch=batch, tokens=tokens),
+         **check_lora(lora, spec.lora)},
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,12 @@ class UnknownSession(NotFound):
     code = "unknown_session"
 
 
+class UnknownAdapter(NotFound):
+    """A LoRA adapter this server does not hold (another may: routing checks records)."""
+
+    code = "unknown_adapter"
+
+
 class PayloadTooLarge(DriftError):
     code = "payload_too_large"
     status = 413

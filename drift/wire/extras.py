@@ -5,13 +5,16 @@ reuse the keys/values of an earlier block (a donor) receives them as `kv.<donor>
 span holding a donor gives them back when a request lists the donor in `donate`. Gradients
 of these travel as `grad.<name>`. `ExtraSpec` says which a (sub-)span takes and can give,
 with shapes as templates over the hidden states' batch "B" and tokens "T" ("*": any size).
-Any family's reply also carries `block_states` (each block's output) when a request asks.
+Any family's reply also carries `block_states` (each block's output) when a request asks,
+and any request may carry LoRA weights (drift.wire.lora), whose gradients come back too.
 Knows nothing about models: drift.models builds the spec of a span; checks.py enforces it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from drift.wire.lora import LoraTarget, is_lora
 
 PER_LAYER_INPUTS = "per_layer_inputs"  # [B, T, n_blocks, P]
 BLOCK_STATES = "block_states"  # [B, T, n_blocks, H] each block's output, in a reply that asked
@@ -40,6 +43,7 @@ class ExtraSpec:
 
     inputs: tuple[tuple[str, Shape], ...] = ()  # required in every request, with their shapes
     donors: tuple[tuple[int, Shape], ...] = ()  # blocks whose K/V a request may ask back
+    lora: tuple[LoraTarget, ...] = ()  # modules optional LoRA weights may adapt (wire.lora)
 
     def input_names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.inputs)
@@ -61,7 +65,10 @@ def concrete(shape: Shape, batch: int, tokens: int) -> tuple[int, ...]:
 
 def reply_shape(name: str) -> Shape:
     """The shape template of a named tensor in a reply, whose other sizes the asker checks
-    no further: per-layer inputs are [B, T, n, P], keys/values [B, heads, T, head_dim]."""
+    no further: per-layer inputs are [B, T, n, P], keys/values [B, heads, T, head_dim],
+    LoRA weights [r, in] or [out, r]."""
+    if is_lora(name):
+        return ("*", "*")
     return ("B", "T", "*", "*") if name == PER_LAYER_INPUTS else ("B", "*", "T", "*")
 
 

@@ -27,6 +27,7 @@ from drift.wire.extras import (
     states_shape,
 )
 from drift.wire.frames import decode_frame, encode_frame
+from drift.wire.lora import adapter_param
 from drift.wire.version import PROTOCOL_VERSION
 
 Tensors = dict[str, torch.Tensor]
@@ -90,6 +91,7 @@ class ForwardRequest:
     extras: Tensors = field(default_factory=dict)  # per-layer inputs, consumed K/V (extras.py)
     donate: tuple[int, ...] = ()  # blocks whose shared K/V the reply must carry
     block_states: bool = False  # the reply carries each block's output (extras.BLOCK_STATES)
+    adapter: str | None = None  # a LoRA adapter the server holds, by name (wire.lora)
 
     TENSORS = ("hidden_states", "attention_mask", "prompts")
 
@@ -117,11 +119,12 @@ class ForwardRequest:
             extras=inputs.extras,
             donate=c.get_donate(params, spec),
             block_states=c.get_flag(params, BLOCK_STATES),
+            adapter=c.get_adapter(params),
         )
 
     def to_wire(self) -> tuple[dict[str, Any], Tensors]:
         params = _head("forward", model=self.model, start_block=self.start_block,
-                       end_block=self.end_block)  # fmt: skip
+                       end_block=self.end_block, **adapter_param(self.adapter))  # fmt: skip
         return _with_donate(params, self.donate, self.block_states), _tensors(
             hidden_states=self.hidden_states,
             attention_mask=self.attention_mask,
@@ -151,6 +154,7 @@ class BackwardRequest:
     prompts: torch.Tensor | None = None  # [n_blocks, B, P, H]
     extras: Tensors = field(default_factory=dict)  # per-layer inputs, consumed K/V (extras.py)
     grad_extras: Tensors = field(default_factory=dict)  # grads w.r.t. donated K/V, by K/V name
+    adapter: str | None = None  # a LoRA adapter the server holds, by name (wire.lora)
 
     TENSORS = ("hidden_states", "grad_outputs", "attention_mask", "prompts")
 
@@ -186,11 +190,12 @@ class BackwardRequest:
             prompts=fwd.prompts,
             extras=fwd.extras,
             grad_extras=named,
+            adapter=fwd.adapter,
         )
 
     def to_wire(self) -> tuple[dict[str, Any], Tensors]:
         params = _head("backward", model=self.model, start_block=self.start_block,
-                       end_block=self.end_block)  # fmt: skip
+                       end_block=self.end_block, **adapter_param(self.adapter))  # fmt: skip
         return params, _tensors(
             hidden_states=self.hidden_states,
             grad_outputs=self.grad_outputs,
@@ -281,6 +286,7 @@ class OpenSession:
     max_length: int  # tokens, prompt included
     batch_size: int
     dtype: str  # activation dtype: float32 | float16 | bfloat16
+    adapter: str | None = None  # a LoRA adapter the server holds, by name (wire.lora)
 
     @classmethod
     def from_wire(cls, obj: Any) -> OpenSession:
@@ -296,12 +302,14 @@ class OpenSession:
             max_length=c.get_int(obj, "max_length", low=1),
             batch_size=c.get_int(obj, "batch_size", low=1),
             dtype=dtype,
+            adapter=c.get_adapter(obj),
         )
 
     def to_wire(self) -> dict[str, Any]:
         return _head("open", model=self.model, start_block=self.start_block,
                      end_block=self.end_block, max_length=self.max_length,
-                     batch_size=self.batch_size, dtype=self.dtype)  # fmt: skip
+                     batch_size=self.batch_size, dtype=self.dtype,
+                     **adapter_param(self.adapter))  # fmt: skip
 
 
 @dataclass(frozen=True)

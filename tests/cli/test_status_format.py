@@ -49,3 +49,9 @@ def test_format_members_shows_dtype_and_quantization():
         "online",
         "-",
     ]  # blocks, state, weights
+
+
+def test_format_members_names_lora_adapters():
+    rec = make_record(span=(0, 2), expires_at=300.0, adapters=["chat", "sql"])
+    header, row = format_members([rec], now=200.0)
+    assert " float32 +lora:chat,sql " in row

@@ -64,3 +64,16 @@ def test_drift_server_process(tiny_llama, tmp_path, popens):
     assert "throughput.json" in os.listdir(tmp_path)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
+
+
+def test_adapters_flag_reaches_the_server_config(tmp_path):
+    from drift.cli.main import build_parser
+    from drift.cli.server import server_config_from_args
+
+    for command in ("server", "up"):
+        args = build_parser().parse_args([command, "--adapters", "chat=/a/chat", "/b/sql/"])
+        config = server_config_from_args(args, cache_dir=tmp_path)
+        assert config.adapters == (("chat", "/a/chat"), ("sql", "/b/sql/"))
+    args = build_parser().parse_args(["server", "--adapters", "/a/x", "/b/x"])
+    with pytest.raises(BadRequest, match="--adapters: adapter names must be distinct"):
+        server_config_from_args(args, cache_dir=tmp_path)

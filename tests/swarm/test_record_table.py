@@ -37,6 +37,17 @@ def test_unknown_fields_from_newer_peers_are_kept_and_verified() -> None:
         sign_record(ident, fields)
 
 
+def test_adapters_field_is_optional_signed_and_checked() -> None:
+    plain = make_record(span=(0, 4))
+    assert "adapters" not in plain.to_wire() and plain.adapters == ()  # as older peers sign
+    rec = make_record(span=(0, 4), adapters=["chat", "sql"])
+    back = PeerRecord.from_wire(orjson.loads(orjson.dumps(rec.to_wire())))
+    assert back.adapters == ("chat", "sql") and back.verify() and back.extra == ()
+    for bad in ("chat", ["a:b"], ["x"] * 2, [str(i) for i in range(17)]):
+        with pytest.raises(BadRequest, match="adapters"):
+            PeerRecord.from_wire(rec.to_wire() | {"adapters": bad})
+
+
 def test_only_the_peer_itself_can_sign() -> None:
     a, b = Identity.generate(), Identity.generate()
     with pytest.raises(BadRequest, match="only be signed by the peer it describes"):

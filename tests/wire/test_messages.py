@@ -39,6 +39,8 @@ def _same(a, b):
             prompts=torch.randn(2, 2, 1, H).bfloat16(),
         ),  # fmt: skip
         m.BackwardRequest("fp", 0, 1, _hidden(), _hidden(), prompts=torch.randn(1, 2, 2, H)),
+        m.ForwardRequest("fp", 1, 3, _hidden(), adapter="chat"),  # a served LoRA adapter
+        m.BackwardRequest("fp", 0, 1, _hidden(), _hidden(), adapter="chat"),
         m.StepRequest(7, 5, _hidden(t=1, dtype=torch.float16), hypo_ids=torch.tensor([1, 0])),
         m.StepRequest(
             0,
@@ -71,6 +73,7 @@ def test_response_round_trip(msg):
     "msg",
     [
         m.OpenSession("fp", 0, 4, 128, 2, "bfloat16"),
+        m.OpenSession("fp", 0, 4, 128, 2, "float32", adapter="chat"),
         m.SessionOpened("abc", 128),
         m.CloseSession(),
         m.ErrorMessage("cache_full", "no room", step_id=3),
@@ -189,3 +192,12 @@ def test_plain_json_forms():
 def test_wire_dtype_refused_at_encode():
     with pytest.raises(BadTensor, match="cannot travel"):
         encode_frame({}, {"t": torch.zeros(2, dtype=torch.float64)})
+
+
+def test_adapter_field_only_when_asked():
+    assert "adapter" not in m.ForwardRequest("fp", 0, 1, _hidden()).to_wire()[0]
+    assert "adapter" not in m.OpenSession("fp", 0, 4, 128, 2, "float32").to_wire()
+    params, tensors = m.ForwardRequest("fp", 0, 1, _hidden()).to_wire()
+    for bad in (3, "", "a:b", "x" * 65):
+        with pytest.raises(BadRequest, match="adapter"):
+            m.ForwardRequest.from_wire(params | {"adapter": bad}, tensors)
