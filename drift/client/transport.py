@@ -21,6 +21,8 @@ from drift.client.routing import Hop
 from drift.swarm.dial import peer_ssl
 from drift.wire import messages as m
 from drift.wire.auth import auth_headers, check_reply
+from drift.wire.checks import ACTIVATION_DTYPES
+from drift.wire.compress import pack, unpack
 from drift.wire.errors import DriftError, PeerUnavailable, from_payload
 from drift.wire.frames import MEDIA_TYPE, decode_frame, encode_frame
 from drift.wire.push import NEXT, PUSH_ERROR, PUSHED, NextHop
@@ -57,7 +59,8 @@ def _body(message: Any, config: ClientConfig, path: str,
           peer_id: str) -> tuple[bytes, dict[str, str]]:  # fmt: skip
     """The (maybe zstd) body and its headers; the swarm-key HMAC covers the plain frame,
     which is what the server reads (aiohttp undoes Content-Encoding)."""
-    data = m.encode(message)
+    params, tensors = message.to_wire()
+    data = encode_frame(params, pack(params, tensors, config.wire_dtype))
     proof = auth_headers(config.swarm_key, "POST", path, data, peer_id=peer_id)
     headers = {"Content-Type": MEDIA_TYPE, **proof}
     if config.compress_min_bytes and len(data) >= config.compress_min_bytes:
@@ -94,7 +97,9 @@ async def post_frame(
                         what=f"{hop.peer_id} at {hop.addr}")  # fmt: skip
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         raise PeerUnavailable(f"{hop.peer_id} at {hop.addr}: {exc!r}", peer_id=hop.peer_id) from exc
-    return m.decode(reply_cls, body, **expect)
+    params, tensors = decode_frame(body)
+    tensors = unpack(params, tensors, message.hidden_states.dtype)
+    return reply_cls.from_wire(params, tensors, **expect)
 
 
 async def forward(
@@ -134,6 +139,7 @@ class SpanSocket:
         self.config = config
         self._step_id = 0
         self.session_id = ""  # the server's id of this socket's session (once opened)
+        self.dtype = torch.float32  # what the session computes in (replies are restored to it)
 
     @classmethod
     async def open(
@@ -154,6 +160,7 @@ class SpanSocket:
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise PeerUnavailable(f"{hop.peer_id} at {url}: {exc!r}", peer_id=hop.peer_id) from exc
         sock = cls(hop, ws, config)
+        sock.dtype = ACTIVATION_DTYPES[request.dtype]
         try:
             await ws.send_str(orjson.dumps(request.to_wire()).decode())
             # reserving a cache is quick: a server that does not answer soon is not well
@@ -209,6 +216,7 @@ class SpanSocket:
     async def send(self, req: m.StepRequest, next_hops: tuple[NextHop, ...] = ()) -> None:
         """Send a step; `next_hops`: the spans its output is pushed on to (drift.wire.push)."""
         params, tensors = req.to_wire()
+        tensors = pack(params, tensors, self.config.wire_dtype)
         if next_hops:
             params[NEXT] = [hop.to_wire() for hop in next_hops]
         try:
@@ -236,6 +244,7 @@ class SpanSocket:
             params, tensors = decode_frame(msg.data)
             if _older(params.get("step_id"), step_id):
                 continue
+            tensors = unpack(params, tensors, self.dtype)
             reply = m.StepResponse.from_wire(params, tensors, donate=donate, states=n_states)
             if reply.step_id != step_id:
                 raise PeerUnavailable(f"{self.hop.peer_id}: reply to step {reply.step_id}, "

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
+import torch
 from aiohttp import WSMsgType, web
 
 from drift.node.app import NODE
@@ -24,6 +25,8 @@ from drift.server.backend import SpanBackend
 from drift.server.push import add_push_route
 from drift.server.state import BlockServer
 from drift.server.steps import serve_frame
+from drift.wire.checks import ACTIVATION_DTYPES
+from drift.wire.compress import WIRE_DTYPE, check_form, pack, unpack
 from drift.wire.errors import BadRequest, Busy, DriftError, PayloadTooLarge
 from drift.wire.frames import MEDIA_TYPE, decode_frame, encode_frame
 from drift.wire.messages import (
@@ -100,7 +103,7 @@ async def _compute(
     else:
         limit, name = server.config.max_body_bytes, "max_body_bytes (--max_body_mb)"
     body, is_json = await _read_body(request, limit, name)
-    backend = server.backend
+    backend, wire = server.backend, None
     if is_json:
         if len(body) > server.config.max_json_bytes:
             raise PayloadTooLarge(f"a plain-JSON body of {len(body)} bytes exceeds this server's "
@@ -111,17 +114,20 @@ async def _compute(
                              extras=backend.extra_spec)  # fmt: skip
     else:
         params, tensors = decode_frame(body)
+        wire = check_form(params.get(WIRE_DTYPE))  # the reply travels packed as the request
+        tensors = unpack(params, tensors, ACTIVATION_DTYPES.get(backend.dtype_name, torch.float32))
         req = kind.from_wire(params, tensors, hidden_size=backend.hidden_size,
                              extras=backend.extra_spec)  # fmt: skip
     result = await run(backend, req)
     server.metrics.forward_latency.observe(time.perf_counter() - started)
-    return _reply(result, is_json)
+    return _reply(result, is_json, wire)
 
 
-def _reply(result: Any, is_json: bool) -> web.Response:
+def _reply(result: Any, is_json: bool, wire: str | None = None) -> web.Response:
     if is_json:
         return web.Response(body=orjson.dumps(result.to_json()), content_type="application/json")
     params, tensors = result.to_wire()
+    tensors = pack(params, tensors, wire)
     return web.Response(body=encode_frame(params, tensors), content_type=MEDIA_TYPE)
 
 

@@ -13,10 +13,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import orjson
+import torch
 from aiohttp import web
 
 from drift.node.membership import MembershipNode
 from drift.server.push import check_member, forward_error
+from drift.wire.compress import WIRE_DTYPE, check_form, pack, unpack
 from drift.wire.errors import BadRequest, DriftError
 from drift.wire.frames import decode_frame, encode_frame
 from drift.wire.messages import ErrorMessage, StepRequest, StepResponse
@@ -52,6 +54,8 @@ async def serve_step(
     try:
         # validated once, here, against the session's limits; the session and span trust it
         limits = None if session_id is None else server.sessions.get(session_id).limits
+        wire = check_form(params.get(WIRE_DTYPE))
+        tensors = unpack(params, tensors, (limits and limits.dtype) or torch.float32)
         req = StepRequest.from_wire(params, tensors, limits=limits,
                                     hidden_size=server.backend.hidden_size)  # fmt: skip
         if session_id is None:
@@ -78,8 +82,9 @@ async def serve_step(
         )
         return
     out_params, out_tensors = reply.to_wire()
+    out_tensors = pack(out_params, out_tensors, wire)
     if hops:
-        out_params.update(await _forward(server, node, params, tensors, reply, hops))
+        out_params.update(await _forward(server, node, params, tensors, reply, hops, wire))
     server.metrics.count("/inference:step", 200)
     server.metrics.step_latency.observe(time.perf_counter() - started)
     with contextlib.suppress(ConnectionError, RuntimeError):  # the client may be gone
@@ -88,12 +93,14 @@ async def serve_step(
 
 async def _forward(server: BlockServer, node: MembershipNode, params: dict[str, Any],
                    tensors: Tensors, reply: StepResponse,
-                   hops: tuple[NextHop, ...]) -> dict[str, Any]:  # fmt: skip
-    """Push the step's output on to hops[0]; the reply params saying how it went."""
-    onward = dict(tensors, hidden_states=reply.hidden_states)
+                   hops: tuple[NextHop, ...], wire: str | None) -> dict[str, Any]:  # fmt: skip
+    """Push the step's output on to hops[0] (packed as the step came); the reply params
+    saying how it went."""
+    onward = onward_params(params, hops)
+    frame = encode_frame(onward, pack(onward, dict(tensors, hidden_states=reply.hidden_states),
+                                      wire))  # fmt: skip
     try:
-        await server.push.links.send(node, hops[0], encode_frame(onward_params(params, hops),
-                                                                 onward))  # fmt: skip
+        await server.push.links.send(node, hops[0], frame)
     except Exception as exc:  # noqa: BLE001 -- any failure: the client relays instead
         log.info("push failed: %s", forward_error(hops[0], exc))
         return {PUSH_ERROR: forward_error(hops[0], exc)}
