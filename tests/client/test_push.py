@@ -111,3 +111,20 @@ async def test_server_refuses_to_push_to_a_non_member(tiny_dirs, swarms, sdk_mod
     local = load_reference(model_dir)
     gen = await asyncio.to_thread(model.generate, IDS, max_new_tokens=4, do_sample=False)
     assert torch.equal(gen, local.generate(IDS, max_new_tokens=4, do_sample=False))
+
+
+async def test_push_in_a_private_swarm(tiny_dirs, swarms, sdk_models):
+    """Push links prove the swarm key like every call; a /push without it is refused."""
+    key = "push-test-key-0123456789abcdef"
+    model_dir = tiny_dirs("llama")
+    swarm = await swarms.start(model_dir, SPANS, swarm_key=key)
+    await wait_all_know_each_other(swarm)
+    model = await sdk_models.open(model_dir, swarm.token, swarm_key=key)
+    local = load_reference(model_dir)
+    gen = await asyncio.to_thread(model.generate, IDS, max_new_tokens=4, do_sample=False)
+    assert torch.equal(gen, local.generate(IDS, max_new_tokens=4, do_sample=False))
+    assert links(swarm) == [1, 1, 0]
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as info:
+            await http.ws_connect(f"{swarm.servers[1].url}/push")
+    assert info.value.status == 401
