@@ -11,7 +11,8 @@ not in `tc`; everything stays on loopback.
 Per RTT, interleaved `--reps` times: one session, a 5-token prefill, then `--new` single-
 token steps, relayed (client -> each server in turn) and pushed (client -> first -> ... ->
 last -> client); the step latency (client side, median), the servers' summed step time
-(their /metrics, the same steps), and push's bound: (n+1)/2 RTT + compute, + 10%. Then,
+(their /metrics, the same steps), the links' part (step less compute, also in RTTs: n for
+relay, (n+1)/2 for push) and push's bound: (n+1)/2 RTT + compute, + 10%. Then,
 without delay, each wire form's bytes per step and its logit error against float32 on the
 wire (same greedy tokens fed to both, `--new` steps), and at the largest RTT the tokens/s of
 greedy generate() with and without prompt lookup on a prompt that repeats a paragraph.
@@ -280,7 +281,8 @@ def run(args: Any, rtts: list[float], servers: Servers, model: Any, directory: A
     print(f"{args.model}, {n} servers, {args.new} decode steps per run after a "
           f"{PROMPT.shape[1]}-token prefill, {args.rate_mbit:g} Mbit/s each way, medians of "
           f"{args.reps} interleaved runs", flush=True)  # fmt: skip
-    print(f"{'RTT':>6} {'mode':<14} {'step ms':>8} {'compute':>8} {'bound':>8} {'vs relay':>9}")
+    print(f"{'RTT':>6} {'mode':<14} {'step ms':>8} {'compute':>8} {'links':>6} {'RTTs':>5} "
+          f"{'vs relay':>9} {'bound':>8}")  # fmt: skip
     modes = {"relay": {"push": False}, "push": {"push": True},
              "push+float16": {"push": True, "wire_dtype": "float16"},
              "push+int8": {"push": True, "wire_dtype": "int8"}}  # fmt: skip
@@ -298,9 +300,15 @@ def run(args: Any, rtts: list[float], servers: Servers, model: Any, directory: A
         for mode in modes:
             step_ms = statistics.median(steps[mode]) * 1e3
             c_ms = statistics.median(compute[mode]) * 1e3
+            # what the links cost: the step less the servers' compute, in RTTs
+            links = (
+                statistics.median(s - c for s, c in zip(steps[mode], compute[mode], strict=True))
+                * 1e3
+            )
+            rtts = f"{links / rtt:5.2f}" if rtt else f"{'-':>5}"
             bound = (((n + 1) / 2 * rtt + c_ms) * 1.1) if mode.startswith("push") else None
             flag = "" if bound is None else f"{bound:8.1f} {'ok' if step_ms <= bound else 'OVER'}"
-            print(f"{rtt:5.0f}ms {mode:<14} {step_ms:8.1f} {c_ms:8.1f} "
+            print(f"{rtt:5.0f}ms {mode:<14} {step_ms:8.1f} {c_ms:8.1f} {links:6.1f} {rtts} "
                   f"{step_ms / relay / 1e3:8.2f}x {flag}", flush=True)  # fmt: skip
     servers.set_link(0, 0)
     compression(args, model)
@@ -332,7 +340,7 @@ def compression(args: Any, model: Any) -> None:
 def lookup(args: Any, rtt: float, servers: Servers, model: Any, directory: Any) -> None:
     servers.set_link(rtt, args.rate_mbit)
     tokenizer = load_tokenizer(str(directory))
-    text = f"Repeat this paragraph exactly.\n\n{PARAGRAPH}\n\n{PARAGRAPH}\n\n"
+    text = f"{PARAGRAPH}\n\n{PARAGRAPH}\n\n{PARAGRAPH}\n\n"  # the model goes on repeating it
     ids = tokenizer(text, return_tensors="pt").input_ids
     rates: dict[str, list[float]] = defaultdict(list)
     outs: dict[str, torch.Tensor] = {}
