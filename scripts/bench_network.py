@@ -305,10 +305,10 @@ def run(args: Any, rtts: list[float], servers: Servers, model: Any, directory: A
                 statistics.median(s - c for s, c in zip(steps[mode], compute[mode], strict=True))
                 * 1e3
             )
-            rtts = f"{links / rtt:5.2f}" if rtt else f"{'-':>5}"
+            in_rtts = f"{links / rtt:5.2f}" if rtt else f"{'-':>5}"
             bound = (((n + 1) / 2 * rtt + c_ms) * 1.1) if mode.startswith("push") else None
             flag = "" if bound is None else f"{bound:8.1f} {'ok' if step_ms <= bound else 'OVER'}"
-            print(f"{rtt:5.0f}ms {mode:<14} {step_ms:8.1f} {c_ms:8.1f} {links:6.1f} {rtts} "
+            print(f"{rtt:5.0f}ms {mode:<14} {step_ms:8.1f} {c_ms:8.1f} {links:6.1f} {in_rtts} "
                   f"{step_ms / relay / 1e3:8.2f}x {flag}", flush=True)  # fmt: skip
     servers.set_link(0, 0)
     compression(args, model)
