@@ -234,7 +234,7 @@ def teacher_forced(model: Any, ids: torch.Tensor, prompt_len: int) -> torch.Tens
         out = model(ids[:, :prompt_len], use_cache=True)
         out_logits.append(out.logits[0, -1])
         for pos in range(prompt_len, ids.shape[1]):
-            out = model(ids[:, pos : pos + 1], past_key_values=out.past_key_values, use_cache=True)
+            out = model(ids[:, pos : pos + 1], cache=out.cache, use_cache=True)
             out_logits.append(out.logits[0, -1])
     return torch.stack(out_logits)
 

@@ -15,7 +15,7 @@ from drift.client import ClientConfig
 from drift.client.routing import Hop
 from drift.client.transport import SpanSocket
 from drift.wire import messages as m
-from drift.wire.errors import PushRefused
+from drift.wire.errors import BadRequest, PushRefused
 from drift.wire.push import NextHop
 from tests.client.swarms import Swarm
 from tests.server.reference import load_reference
@@ -52,7 +52,7 @@ def decode(model, steps: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
             logits.append(out.logits[:, -1])
             nxt = out.logits[:, -1].argmax(-1, keepdim=True)
             ids = torch.cat([ids, nxt], dim=1)
-            out = model(nxt, past_key_values=out.past_key_values, use_cache=True)
+            out = model(nxt, cache=out.cache, use_cache=True)
     return ids, torch.stack(logits, 1)
 
 
@@ -101,6 +101,11 @@ async def test_server_refuses_to_push_to_a_non_member(tiny_dirs, swarms, sdk_mod
             await sock.send(req, (elsewhere,))
             with pytest.raises(PushRefused, match="announces"):
                 await sock.receive(req.step_id)
+            # a step whose extras or block states the client must route is not pushed
+            req = m.StepRequest(sock.next_step_id(), 0, hidden, block_states=True)
+            await sock.send(req, (NextHop(second.url, second.node.peer_id, "ab" * 8, 3),))
+            with pytest.raises(BadRequest, match="cannot be pushed"):
+                await sock.receive(req.step_id, states=True)
             # the session still serves a plain step
             reply = await sock.step(hidden, 0)
             assert reply.hidden_states.shape == (1, 1, width)
