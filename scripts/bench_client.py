@@ -214,7 +214,8 @@ def instrument_local(model: Any) -> None:
 def instrument_head(model: Any) -> None:
     head = model.head
     head.embed = TIMERS.wrap(lambda a: "client embed", head.embed)
-    head.logits = TIMERS.wrap(lambda a: "client norm + lm_head", head.logits)
+    head.project = TIMERS.wrap(lambda a: "client lm_head", head.project)
+    head.norm.forward = TIMERS.wrap(lambda a: "client final norm", head.norm.forward)
 
 
 def main() -> None:
