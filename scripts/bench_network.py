@@ -5,7 +5,7 @@ Three `drift server` processes for SmolLM2 (float32) on 127.0.0.1, each behind a
 rate-limiting TCP proxy that it announces as its address, so every connection to a server
 (from the client and from the other servers: push links, gossip) crosses one emulated link:
 `--rtts` milliseconds of round trip (half each way) and `--rate_mbit` each way. This kernel
-has no netem qdisc, so the delay lives in the proxy (a thread of this process, asyncio),
+has no netem qdisc, so the delay lives in the proxy (asyncio, in a process of its own),
 not in `tc`; everything stays on loopback.
 
 Per RTT, interleaved `--reps` times: one session, a 5-token prefill, then `--new` single-
@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import multiprocessing
 import os
 import re
 import socket
@@ -33,7 +34,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from collections import defaultdict
@@ -63,8 +63,20 @@ class Link:
     def __init__(self, target_port: int) -> None:
         self.port = free_port()
         self.target_port = target_port
-        self.one_way_s = 0.0
-        self.rate_bps = 0.0  # 0: unlimited
+        # shared with the links' own process: set here, read there
+        self._one_way = multiprocessing.Value("d", 0.0, lock=False)
+        self._rate = multiprocessing.Value("d", 0.0, lock=False)  # bits/s, 0: unlimited
+
+    @property
+    def one_way_s(self) -> float:
+        return float(self._one_way.value)
+
+    @property
+    def rate_bps(self) -> float:
+        return float(self._rate.value)
+
+    def set(self, one_way_s: float, rate_bps: float) -> None:
+        self._one_way.value, self._rate.value = one_way_s, rate_bps
 
     async def serve(self) -> None:
         server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
@@ -120,11 +132,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_links(links: list[Link]) -> None:
-    loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, daemon=True, name="links").start()
-    for link in links:
-        asyncio.run_coroutine_threadsafe(link.serve(), loop)
+def start_links(links: list[Link]) -> multiprocessing.Process:
+    """The links, served by a process of their own (not competing with the client for the
+    GIL)."""
+    proc = multiprocessing.get_context("fork").Process(target=_serve_links, args=(links,),
+                                                       daemon=True)  # fmt: skip
+    proc.start()
+    return proc
+
+
+def _serve_links(links: list[Link]) -> None:
+    async def serve() -> None:
+        await asyncio.gather(*(link.serve() for link in links))
+
+    asyncio.run(serve())
 
 
 class Servers:
@@ -134,7 +155,7 @@ class Servers:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.ports = [free_port() for _ in spans]
         self.links = [Link(port) for port in self.ports]
-        start_links(self.links)
+        self.link_proc = start_links(self.links)
         self.token = ""
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         for (start, end), port, link in zip(spans, self.ports, self.links, strict=True):
@@ -188,9 +209,10 @@ class Servers:
 
     def set_link(self, rtt_ms: float, rate_mbit: float) -> None:
         for link in self.links:
-            link.one_way_s, link.rate_bps = rtt_ms / 2e3, rate_mbit * 1e6
+            link.set(rtt_ms / 2e3, rate_mbit * 1e6)
 
     def stop(self) -> None:
+        self.link_proc.kill()
         for p in self.procs:
             if p.poll() is None:
                 p.terminate()
