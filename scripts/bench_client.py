@@ -3,8 +3,10 @@
 SmolLM2 served by 2 and 3 `drift server` processes on 127.0.0.1 (each one compute thread);
 greedy decoding of `--new` tokens; local, 2-server and 3-server runs interleaved `--reps`
 times; prints medians, the ratio swarm/local (Petals 2.2 gets 0.41x) and where a swarm token's
-time goes: client head (embed + logits), each hop's round trip, each server's step time
-(from its /metrics) and what is left (generate() and client glue).
+time goes: client head (embed + logits), each hop's reply wait (relayed: its round trip;
+pushed, the default: the span's compute and one link after the previous reply; `--relay`
+relays), each server's step time (from its /metrics) and what is left (generate() and
+client glue).
 
 Threads: local runs with torch.set_num_threads(1); every server process gets
 OMP_NUM_THREADS=1 and the client too. Decoding is a pipeline, so one process computes at a
@@ -35,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from drift.client import AutoDistributedModelForCausalLM  # noqa: E402
+from drift.client import AutoDistributedModelForCausalLM, ClientConfig  # noqa: E402
 from drift.client.transport import SpanSocket  # noqa: E402
 from drift.models.checkpoint import open_checkpoint  # noqa: E402
 
@@ -78,9 +80,11 @@ class Timers:
 
 
 TIMERS = Timers()
-SpanSocket.step = TIMERS.wrap_async(  # type: ignore[method-assign]
-    lambda a: f"hop [{a[0].hop.start_block:>2}, {a[0].hop.end_block:>2}) round trip",
-    SpanSocket.step,
+# relayed, a hop's wait is its round trip; pushed (the default), the wait for each span's
+# reply after the previous one's: its compute and one link
+SpanSocket.receive = TIMERS.wrap_async(  # type: ignore[method-assign]
+    lambda a: f"hop [{a[0].hop.start_block:>2}, {a[0].hop.end_block:>2}) reply wait",
+    SpanSocket.receive,
 )
 
 
@@ -212,7 +216,8 @@ def instrument_local(model: Any) -> None:
 def instrument_head(model: Any) -> None:
     head = model.head
     head.embed = TIMERS.wrap(lambda a: "client embed", head.embed)
-    head.logits = TIMERS.wrap(lambda a: "client norm + lm_head", head.logits)
+    head.project = TIMERS.wrap(lambda a: "client lm_head", head.project)
+    head.norm.forward = TIMERS.wrap(lambda a: "client final norm", head.norm.forward)
 
 
 def main() -> None:
@@ -221,6 +226,8 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=32)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--parts", default="2,3", help="server counts to bench, e.g. 2,3")
+    parser.add_argument("--relay", action="store_true",
+                        help="the client relays every step (default: server-to-server push)")  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(1)
     directory = open_checkpoint(args.model).path
@@ -239,8 +246,9 @@ def main() -> None:
                     str(directory), list(zip(bounds, bounds[1:], strict=False)), Path(tmp)
                 )
                 model = AutoDistributedModelForCausalLM.from_pretrained(
-                    directory, initial_peers=procs.token
-                )
+                    directory, initial_peers=procs.token,
+                    client_config=ClientConfig(push=not args.relay),
+                )  # fmt: skip
                 swarms[p] = (procs, model)
                 wait_covered(model, n)
                 instrument_head(model)

@@ -26,6 +26,10 @@ class ClientConfig:
     ban_max_s: float = 60.0  # longest ban
     rtt_default_s: float = 0.01  # assumed round trip for a server not measured yet
     cache_penalty_s: float = 10.0  # added latency for a server short of KV-cache room
+    push: bool = True  # inference steps go server to server (drift.wire.push), not via us
+    # activations on the wire (steps, /forward, /backward; replies come back alike): None as
+    # computed, or float16 | bfloat16 | int8 (blockwise absmax), see drift.wire.compress
+    wire_dtype: str | None = None
     compress_min_bytes: int = 1 << 20  # zstd-compress frames bigger than this (0 = never)
     swarm_key: str | None = field(default=None, repr=False)  # private swarm secret; None: open
     cache_headroom_tokens: int = 256  # tokens a forward's remote cache reserves past its

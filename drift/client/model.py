@@ -282,8 +282,12 @@ class DistributedModelForCausalLM(DistributedPreTrainedModel, GenerationMixin):
             return
         prefix = self.ptune.pre_seq_len if self.ptune is not None else 0
         beams = max(generation_config.num_beams or 1, generation_config.num_return_sequences or 1)
+        room = 0
+        if generation_mode == "assisted_generation":  # drafts are checked past max_length - 1
+            # (prompt lookup's by up to prompt_lookup_num_tokens - 1): room for all of them
+            room = 1 + (generation_config.prompt_lookup_num_tokens or 0)
         session = self.open_session(
-            max_length=max_cache_length + prefix, batch_size=batch_size * beams
+            max_length=max_cache_length + prefix + room, batch_size=batch_size * beams
         )
         model_kwargs["cache"] = RemoteCache(session, owned=True)
         self._calls.owned.append(model_kwargs["cache"])

@@ -23,9 +23,10 @@ from drift.client.remote import RemoteClient, slice_prompts
 from drift.client.routing import Hop
 from drift.client.transport import SpanSocket
 from drift.wire import messages as m
-from drift.wire.errors import DriftError, LengthExceeded
+from drift.wire.errors import DriftError, LengthExceeded, PushRefused
 from drift.wire.extras import BLOCK_STATES
 from drift.wire.lora import in_span
+from drift.wire.push import NextHop
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,8 @@ class InferenceSession:
         self.spans: list[SpanState] = []
         self.closed = False
         self.failovers = 0
+        self.push_off = False  # a push failed or was refused: steps are relayed
+        self.pushed = 0  # span replies that came by server push (not sent by us)
 
     def __enter__(self) -> InferenceSession:
         return self
@@ -151,26 +154,92 @@ class InferenceSession:
     async def _step(
         self, step: StepInputs, states: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Each span's output feeds the next. Sent span by span (relayed), or, when
+        `_pushing`, sent to one span that pushes it on along the rest (drift.wire.push):
+        the client then only reads each span's reply, in order. A span that fails is
+        replaced and replayed (`_failover`), and the step relayed from there."""
         if not self.spans:
             self.spans = await self._connect(self.start_block, self.end_block)
         hidden = step.hidden
         shared: Tensors = {}  # keys/values of this step's new positions, by donor
         outputs: list[torch.Tensor] = []  # each hop's blocks' outputs, when asked
+        awaited: dict[int, int] = {}  # span index -> step id its pushed reply comes under
+        started = time.perf_counter()
         i = 0
         while i < len(self.spans):
-            inputs = self._inputs(step, hidden, self.spans[i].hop, shared)
+            span = self.spans[i]
+            inputs = self._inputs(step, hidden, span.hop, shared)
             try:
-                out, donated = await self._send(self.spans[i], inputs, self.end_block, states)
+                if i in awaited:
+                    out, donated, pushed = await self._read(span, inputs, awaited[i], started)
+                    pushed = pushed or i == max(awaited)  # the last pushes nowhere
+                elif self._pushing(i, step, states):
+                    awaited = await self._send_pushed(i, inputs)
+                    continue
+                else:
+                    out, donated = await self._send(span, inputs, self.end_block, states)
+                    pushed = True
+            except PushRefused:
+                self.push_off, awaited = True, {}  # relay this step, and the next ones
+                continue
             except DriftError as exc:
+                awaited = {}
                 await self._failover(i, exc)
                 continue  # retry the same index: now the replacement's first span
-            self.spans[i].history.append(inputs)
+            self.pushed += i in awaited and i != min(awaited)
+            if pushed is not True:  # the chain stopped here: relay the rest
+                self.push_off, awaited = True, {}
+            started = time.perf_counter()
+            span.history.append(inputs)
             if states:
                 outputs.append(donated.pop(BLOCK_STATES))
             shared.update(donated)
             hidden = out
             i += 1
         return hidden, torch.cat(outputs, dim=2) if states else None
+
+    def _pushing(self, index: int, step: StepInputs, states: bool) -> bool:
+        """Whether the step goes from span `index` on by server push: only a plain step
+        (no block states, deep prompts, per-layer inputs, keys/values shared across spans or
+        LoRA weights not yet sent: the client routes those) with spans after it, while no
+        push failed."""
+        if not self.client.config.push or self.push_off or index + 1 >= len(self.spans):
+            return False
+        if states or step.prompts is not None or step.per_layer is not None:
+            return False
+        if self.lora and not all(s.lora_sent for s in self.spans[index:]):
+            return False  # LoRA weights go with a span's first step: the client sends those
+        sharing = self.client.sharing
+        return not any(
+            sharing.consumed(s.hop.start_block, s.hop.end_block)
+            or sharing.donated(s.hop.start_block, s.hop.end_block, self.end_block)
+            for s in self.spans[index:]
+        )
+
+    async def _send_pushed(self, index: int, s: StepInputs) -> dict[int, int]:
+        """Send the step to span `index`, naming every later span as its next hops; the step
+        id each span's reply comes under."""
+        later = self.spans[index + 1 :]
+        hops = tuple(NextHop(sp.hop.addr, sp.hop.peer_id, sp.socket.session_id,
+                             sp.socket.next_step_id()) for sp in later)  # fmt: skip
+        first = self.spans[index].socket
+        req = m.StepRequest(first.next_step_id(), s.position, s.hidden, s.hypo_ids,
+                            s.attention_mask)  # fmt: skip
+        await first.send(req, hops)
+        return {index: req.step_id} | {index + 1 + k: h.step_id for k, h in enumerate(hops)}
+
+    async def _read(self, span: SpanState, s: StepInputs, step_id: int,
+                    started: float) -> tuple[torch.Tensor, Tensors, bool | str]:  # fmt: skip
+        """A pushed step's reply from `span`, within its adaptive timeout counted from the
+        previous span's reply (the time this span's part of the chain takes)."""
+        key, tokens = f"{span.hop.peer_id}:step", s.hidden.shape[0] * s.hidden.shape[1]
+        reply, pushed = await span.socket.receive(
+            step_id, timeout_s=self.client.timeouts.timeout(key, tokens)
+        )
+        seconds = time.perf_counter() - started
+        self.client.swarm.note_rtt(span.hop.peer_id, seconds)
+        self.client.timeouts.observe(key, tokens, seconds)
+        return reply.hidden_states, dict(reply.extras), pushed
 
     def _inputs(self, step: StepInputs, hidden: torch.Tensor, hop: Hop,
                 shared: Tensors) -> StepInputs:  # fmt: skip
@@ -211,6 +280,7 @@ class InferenceSession:
         failed = self.spans[index]
         self.client.note_failure(exc, failed.hop)
         self.failovers += 1
+        self.push_off = False  # a new chain: pushing may work again
         if self.failovers > self.client.config.max_retries * max(1, len(self.spans)):
             raise exc
         await failed.socket.close()

@@ -8,6 +8,7 @@ and a peer that cannot be reached raises PeerUnavailable. No routing, no retries
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import aiohttp
@@ -20,8 +21,11 @@ from drift.client.routing import Hop
 from drift.swarm.dial import peer_ssl
 from drift.wire import messages as m
 from drift.wire.auth import auth_headers, check_reply
+from drift.wire.checks import ACTIVATION_DTYPES
+from drift.wire.compress import pack, unpack
 from drift.wire.errors import DriftError, PeerUnavailable, from_payload
-from drift.wire.frames import MEDIA_TYPE
+from drift.wire.frames import MEDIA_TYPE, decode_frame, encode_frame
+from drift.wire.push import NEXT, PUSH_ERROR, PUSHED, NextHop
 
 _RETRYABLE_CODES = {"peer_unavailable", "busy", "cache_full", "internal", "unknown_session"}
 
@@ -55,7 +59,8 @@ def _body(message: Any, config: ClientConfig, path: str,
           peer_id: str) -> tuple[bytes, dict[str, str]]:  # fmt: skip
     """The (maybe zstd) body and its headers; the swarm-key HMAC covers the plain frame,
     which is what the server reads (aiohttp undoes Content-Encoding)."""
-    data = m.encode(message)
+    params, tensors = message.to_wire()
+    data = encode_frame(params, pack(params, tensors, config.wire_dtype))
     proof = auth_headers(config.swarm_key, "POST", path, data, peer_id=peer_id)
     headers = {"Content-Type": MEDIA_TYPE, **proof}
     if config.compress_min_bytes and len(data) >= config.compress_min_bytes:
@@ -92,7 +97,9 @@ async def post_frame(
                         what=f"{hop.peer_id} at {hop.addr}")  # fmt: skip
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         raise PeerUnavailable(f"{hop.peer_id} at {hop.addr}: {exc!r}", peer_id=hop.peer_id) from exc
-    return m.decode(reply_cls, body, **expect)
+    params, tensors = decode_frame(body)
+    tensors = unpack(params, tensors, message.hidden_states.dtype)
+    return reply_cls.from_wire(params, tensors, **expect)
 
 
 async def forward(
@@ -134,6 +141,8 @@ class SpanSocket:
         self.ws = ws
         self.config = config
         self._step_id = 0
+        self.session_id = ""  # the server's id of this socket's session (once opened)
+        self.dtype = torch.float32  # what the session computes in (replies are restored to it)
 
     @classmethod
     async def open(
@@ -154,6 +163,7 @@ class SpanSocket:
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise PeerUnavailable(f"{hop.peer_id} at {url}: {exc!r}", peer_id=hop.peer_id) from exc
         sock = cls(hop, ws, config)
+        sock.dtype = ACTIVATION_DTYPES[request.dtype]
         try:
             await ws.send_str(orjson.dumps(request.to_wire()).decode())
             # reserving a cache is quick: a server that does not answer soon is not well
@@ -162,7 +172,7 @@ class SpanSocket:
                 raise PeerUnavailable(f"{hop.peer_id}: expected session_opened, got {msg.type}")
             obj = orjson.loads(msg.data)
             sock._raise_if_error(obj)
-            m.SessionOpened.from_wire(obj)
+            sock.session_id = m.SessionOpened.from_wire(obj).session_id
         except BaseException:
             await sock.close()
             raise
@@ -187,6 +197,11 @@ class SpanSocket:
             err = m.ErrorMessage.from_wire(obj)
             raise from_payload({"error": {"code": err.code, "message": err.message}}, 500)
 
+    def next_step_id(self) -> int:
+        """A fresh step id on this socket (for a step sent on it or pushed to its session)."""
+        self._step_id += 1
+        return self._step_id
+
     async def step(
         self, hidden: torch.Tensor, position: int, *,
         hypo_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
@@ -195,23 +210,50 @@ class SpanSocket:
     ) -> m.StepResponse:  # fmt: skip
         """One step; PeerUnavailable if no reply comes within `timeout_s` (default: the
         config's step_timeout_s)."""
-        self._step_id += 1
-        req = m.StepRequest(self._step_id, position, hidden, hypo_ids, attention_mask, prompts,
-                            extras or {}, donate, states)  # fmt: skip
+        req = m.StepRequest(self.next_step_id(), position, hidden, hypo_ids, attention_mask,
+                            prompts, extras or {}, donate, states)  # fmt: skip
+        await self.send(req)
+        return (await self.receive(req.step_id, donate=donate, states=states,
+                                   timeout_s=timeout_s))[0]  # fmt: skip
+
+    async def send(self, req: m.StepRequest, next_hops: tuple[NextHop, ...] = ()) -> None:
+        """Send a step; `next_hops`: the spans its output is pushed on to (drift.wire.push)."""
+        params, tensors = req.to_wire()
+        tensors = pack(params, tensors, self.config.wire_dtype)
+        if next_hops:
+            params[NEXT] = [hop.to_wire() for hop in next_hops]
         try:
-            await self.ws.send_bytes(m.encode(req))
+            await self.ws.send_bytes(encode_frame(params, tensors))
         except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
             raise PeerUnavailable(f"{self.hop.peer_id}: {exc!r}", peer_id=self.hop.peer_id) from exc
-        msg = await self._receive(timeout_s)
-        if msg.type == aiohttp.WSMsgType.TEXT:
-            self._raise_if_error(orjson.loads(msg.data))
-            raise PeerUnavailable(f"{self.hop.peer_id}: unexpected text reply to a step")
+
+    async def receive(
+        self, step_id: int, *, donate: tuple[int, ...] = (), states: bool = False,
+        timeout_s: float | None = None,
+    ) -> tuple[m.StepResponse, bool | str]:  # fmt: skip
+        """The reply to step `step_id` (older ones, of a push given up on, are skipped) and
+        whether the server pushed it on (True, or why not; False when not asked)."""
+        timeout = self.config.step_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
         n_states = self.hop.end_block - self.hop.start_block if states else 0
-        reply = m.decode(m.StepResponse, msg.data, donate=donate, states=n_states)
-        if reply.step_id != self._step_id:
-            raise PeerUnavailable(f"{self.hop.peer_id}: reply to step {reply.step_id}, "
-                                  f"expected {self._step_id}")  # fmt: skip
-        return reply
+        while True:
+            msg = await self._receive(max(deadline - time.monotonic(), 0.001))
+            if msg.type == aiohttp.WSMsgType.TEXT:
+                obj = orjson.loads(msg.data)
+                if _older(obj.get("step_id") if isinstance(obj, dict) else None, step_id):
+                    continue
+                self._raise_if_error(obj)
+                raise PeerUnavailable(f"{self.hop.peer_id}: unexpected text reply to a step")
+            params, tensors = decode_frame(msg.data)
+            if _older(params.get("step_id"), step_id):
+                continue
+            tensors = unpack(params, tensors, self.dtype)
+            reply = m.StepResponse.from_wire(params, tensors, donate=donate, states=n_states)
+            if reply.step_id != step_id:
+                raise PeerUnavailable(f"{self.hop.peer_id}: reply to step {reply.step_id}, "
+                                      f"expected {step_id}")  # fmt: skip
+            error = params.get(PUSH_ERROR)
+            return reply, str(error) if error is not None else params.get(PUSHED) is True
 
     async def close(self) -> None:
         if not self.ws.closed:
@@ -219,3 +261,8 @@ class SpanSocket:
                 await asyncio.wait_for(self.ws.close(), self.config.connect_timeout_s)
             except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError):
                 pass
+
+
+def _older(step_id: Any, expected: int) -> bool:
+    """A reply to an earlier step than the one awaited (stale: skipped)."""
+    return isinstance(step_id, int) and not isinstance(step_id, bool) and step_id < expected

@@ -16,12 +16,17 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
+import torch
 from aiohttp import WSMsgType, web
 
 from drift.node.app import NODE
 from drift.node.body import AUTH_PROOF, read_body
 from drift.server.backend import SpanBackend
+from drift.server.push import add_push_route
 from drift.server.state import BlockServer
+from drift.server.steps import serve_frame
+from drift.wire.checks import ACTIVATION_DTYPES
+from drift.wire.compress import WIRE_DTYPE, check_form, pack, unpack
 from drift.wire.errors import BadRequest, Busy, DriftError, PayloadTooLarge
 from drift.wire.frames import MEDIA_TYPE, decode_frame, encode_frame
 from drift.wire.messages import (
@@ -30,7 +35,6 @@ from drift.wire.messages import (
     ErrorMessage,
     ForwardRequest,
     OpenSession,
-    StepRequest,
 )
 from drift.wire.version import PROTOCOL_VERSION
 
@@ -41,13 +45,14 @@ _Req = TypeVar("_Req", ForwardRequest, BackwardRequest)
 
 
 def add_server_routes(app: web.Application, server: BlockServer) -> None:
-    """Mount /blocks, /forward, /backward, /inference and /metrics; own the reaper loop."""
+    """Mount /blocks, /forward, /backward, /inference, /push and /metrics; own the reaper loop."""
     app[BLOCK_SERVER] = server
     app.router.add_get("/blocks", _counted(server, "/blocks", _blocks))
     app.router.add_post("/forward", _counted(server, "/forward", _forward))
     app.router.add_post("/backward", _counted(server, "/backward", _backward))
     app.router.add_get("/inference", _counted(server, "/inference", _inference))
     app.router.add_get("/metrics", _counted(server, "/metrics", _metrics))
+    add_push_route(app, server)
     app.cleanup_ctx.append(_lifecycle)
     app.on_shutdown.append(_close_sockets)
 
@@ -98,7 +103,7 @@ async def _compute(
     else:
         limit, name = server.config.max_body_bytes, "max_body_bytes (--max_body_mb)"
     body, is_json = await _read_body(request, limit, name)
-    backend = server.backend
+    backend, wire = server.backend, None
     if is_json:
         if len(body) > server.config.max_json_bytes:
             raise PayloadTooLarge(f"a plain-JSON body of {len(body)} bytes exceeds this server's "
@@ -109,17 +114,20 @@ async def _compute(
                              extras=backend.extra_spec)  # fmt: skip
     else:
         params, tensors = decode_frame(body)
+        wire = check_form(params.get(WIRE_DTYPE))  # the reply travels packed as the request
+        tensors = unpack(params, tensors, ACTIVATION_DTYPES.get(backend.dtype_name, torch.float32))
         req = kind.from_wire(params, tensors, hidden_size=backend.hidden_size,
                              extras=backend.extra_spec)  # fmt: skip
     result = await run(backend, req)
     server.metrics.forward_latency.observe(time.perf_counter() - started)
-    return _reply(result, is_json)
+    return _reply(result, is_json, wire)
 
 
-def _reply(result: Any, is_json: bool) -> web.Response:
+def _reply(result: Any, is_json: bool, wire: str | None = None) -> web.Response:
     if is_json:
         return web.Response(body=orjson.dumps(result.to_json()), content_type="application/json")
     params, tensors = result.to_wire()
+    tensors = pack(params, tensors, wire)
     return web.Response(body=encode_frame(params, tensors), content_type=MEDIA_TYPE)
 
 
@@ -167,19 +175,27 @@ async def _inference(request: web.Request) -> web.WebSocketResponse:
             try:
                 msg = await ws.receive(timeout=timeout)
             except asyncio.TimeoutError:
+                if _pushed_lately(server, state.session_id, timeout):
+                    continue  # its steps come pushed by another server
                 await ws.close(code=1001, message=b"idle")
                 break
             if msg.type == WSMsgType.TEXT:
                 await _on_text(server, ws, state, msg.data)
             elif msg.type == WSMsgType.BINARY:
-                await _on_step(server, ws, state.session_id, msg.data)
+                await serve_frame(server, request.app[NODE], ws, state.session_id, msg.data)
             else:  # CLOSE, CLOSING, CLOSED, ERROR
                 break
     finally:
         server.sockets.discard(ws)
         if state.session_id is not None:
             server.sessions.close(state.session_id)
+            server.push.detach(state.session_id)
     return ws
+
+
+def _pushed_lately(server: BlockServer, session_id: str | None, within_s: float) -> bool:
+    session = None if session_id is None else server.sessions.sessions.get(session_id)
+    return session is not None and time.monotonic() - session.last_used < within_s
 
 
 @dataclass
@@ -203,12 +219,14 @@ async def _on_text(server: BlockServer, ws: web.WebSocketResponse, state: _Socke
                                  "open a new socket for the next one")  # fmt: skip
             session, opened = await server.sessions.open(req)
             state.session_id, state.opened = session.session_id, state.opened + 1
+            server.push.attach(session.session_id, ws)
             await _send(ws, opened.to_wire())
             return
         if kind == "close":
             CloseSession.from_wire(obj)
             if state.session_id is not None:
                 server.sessions.close(state.session_id)
+                server.push.detach(state.session_id)
                 state.session_id = None
             await _send(ws, {"type": "session_closed", "version": PROTOCOL_VERSION})
             return
@@ -219,38 +237,6 @@ async def _on_text(server: BlockServer, ws: web.WebSocketResponse, state: _Socke
     except DriftError as exc:
         server.metrics.count("/inference:open", exc.status)
         await _send(ws, ErrorMessage(exc.code, exc.message).to_wire())
-
-
-async def _on_step(server: BlockServer, ws: web.WebSocketResponse, sid: str | None, data: bytes):
-    started = time.perf_counter()
-    step_id = None
-    try:
-        params, tensors = decode_frame(data)
-        if isinstance(params.get("step_id"), int):
-            step_id = params["step_id"]
-        # validated once, here, against the session's limits; the session and span trust it
-        limits = None if sid is None else server.sessions.get(sid).limits
-        req = StepRequest.from_wire(params, tensors, limits=limits,
-                                    hidden_size=server.backend.hidden_size)  # fmt: skip
-        if sid is None:
-            raise BadRequest("no session is open on this socket: send 'open' first")
-        reply = await server.sessions.step(sid, req)
-    except DriftError as exc:
-        server.metrics.count("/inference:step", exc.status)
-        await _send(ws, ErrorMessage(exc.code, exc.message, step_id).to_wire())
-        return
-    except Exception:
-        log.exception("inference step failed")
-        server.metrics.count("/inference:step", 500)
-        await _send(
-            ws, ErrorMessage("internal", "the step failed on the server", step_id).to_wire()
-        )
-        return
-    server.metrics.count("/inference:step", 200)
-    server.metrics.step_latency.observe(time.perf_counter() - started)
-    params, tensors = reply.to_wire()
-    with contextlib.suppress(ConnectionError, RuntimeError):  # the client may be gone
-        await ws.send_bytes(encode_frame(params, tensors))
 
 
 async def _send(ws: web.WebSocketResponse, obj: dict[str, Any]) -> None:

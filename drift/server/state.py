@@ -20,6 +20,7 @@ from drift.server.budget import CacheBudget
 from drift.server.config import ServerConfig
 from drift.server.metrics import ServerMetrics
 from drift.server.move import DRAIN_TIMEOUT_S, prepare_move
+from drift.server.push import PushHub
 from drift.server.runtime import SpanRuntime
 from drift.server.sessions import SessionManager
 from drift.swarm import BlocksInfo
@@ -42,7 +43,8 @@ class BlockServer:
             "drift_cache_tokens_in_use": ("KV-cache block-tokens reserved.", lambda: self.budget.used),
             "drift_cache_tokens_total": ("KV-cache block-tokens in the budget.", lambda: self.budget.total),
         })  # fmt: skip
-        self.sockets: set[web.WebSocketResponse] = set()
+        self.sockets: set[web.WebSocketResponse] = set()  # inference sockets and push links
+        self.push = PushHub()  # each session's socket, and the links this server pushes over
         self.state = "online"
         self.moving_to: tuple[int, int] | None = None  # the span a running move_to loads
 

@@ -74,6 +74,12 @@ class Forbidden(DriftError):
     status = 403
 
 
+class PushRefused(Forbidden):
+    """A server will not push a step to the peer it names (not in its swarm table)."""
+
+    code = "push_refused"
+
+
 class NotFound(DriftError):
     code = "not_found"
     status = 404

@@ -1,0 +1,203 @@
+"""Server-to-server push (drift.wire.push): which socket each session replies on, the links
+this server pushes over, and the /push WebSocket other servers push into.
+
+A step that names `next` hops runs here, then goes on to the first hop over a persistent
+WebSocket to its /push (authenticated with the swarm key like any call, TLS bound to its
+peer id); that server runs it on the session it names and replies to the client on that
+session's own socket. A server pushes only to a peer its swarm table holds live at the
+address named (else `push_refused`); a pushed step older than one the session already ran
+(a client that gave up on the push and relayed it) is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from typing import TYPE_CHECKING
+
+import aiohttp
+import orjson
+from aiohttp import WSMsgType, web
+
+from drift.node.app import NODE
+from drift.node.membership import MembershipNode
+from drift.swarm.dial import peer_ssl
+from drift.wire.auth import auth_headers
+from drift.wire.errors import BadRequest, Busy, DriftError, PushRefused, UnknownSession
+from drift.wire.frames import decode_frame
+from drift.wire.messages import ErrorMessage
+from drift.wire.push import NextHop, pushed_session
+
+if TYPE_CHECKING:
+    from drift.server.state import BlockServer
+
+log = logging.getLogger(__name__)
+PUSH_PATH = "/push"
+CONNECT_TIMEOUT_S = 5.0  # opening a link to the next server, and sending one step on it
+
+
+class PushHub:
+    """Per server: each session's client socket, the last step id each ran, a lock per
+    session (a relayed and a pushed step never run at once) and the outgoing links."""
+
+    def __init__(self) -> None:
+        self.sockets: dict[str, web.WebSocketResponse] = {}
+        self._last_step: dict[str, int] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.links = PeerLinks()
+
+    def attach(self, session_id: str, ws: web.WebSocketResponse) -> None:
+        self.sockets[session_id] = ws
+
+    def detach(self, session_id: str) -> None:
+        self.sockets.pop(session_id, None)
+        self._last_step.pop(session_id, None)
+        self._locks.pop(session_id, None)
+
+    def lock(self, session_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(session_id, asyncio.Lock())
+
+    def admit(self, session_id: str, step_id: int, *, pushed: bool) -> bool:
+        """Whether to run this step: a pushed one only if newer than any the session ran."""
+        last = self._last_step.get(session_id, -1)
+        if pushed and step_id <= last:
+            return False
+        self._last_step[session_id] = max(last, step_id)
+        return True
+
+
+def check_member(node: MembershipNode, hop: NextHop) -> None:
+    """PushRefused unless `hop` is a live member of this server's table at that address."""
+    record = node.table.get(hop.peer_id)
+    if record is None or not node.table.is_live(hop.peer_id, node.clock()):
+        raise PushRefused(f"will not push to peer {hop.peer_id}: it is not a live member of "
+                          "this server's swarm table", peer_id=hop.peer_id)  # fmt: skip
+    if hop.addr not in {addr.rstrip("/") for addr in record.addrs}:
+        raise PushRefused(f"will not push to peer {hop.peer_id} at {hop.addr}: its record "
+                          f"announces {list(record.addrs)}", peer_id=hop.peer_id)  # fmt: skip
+
+
+class PeerLinks:
+    """One outgoing WebSocket per (address, peer id), opened on first use and kept."""
+
+    def __init__(self) -> None:
+        self._links: dict[tuple[str, str], aiohttp.ClientWebSocketResponse] = {}
+        self._opening: dict[tuple[str, str], asyncio.Lock] = {}
+        self._readers: set[asyncio.Task[None]] = set()
+
+    async def send(self, node: MembershipNode, hop: NextHop, data: bytes) -> None:
+        """Send one frame to `hop` (a fresh link if the kept one broke); raises on failure."""
+        for attempt in (0, 1):
+            ws = await self._link(node, hop)
+            try:
+                await asyncio.wait_for(ws.send_bytes(data), CONNECT_TIMEOUT_S)
+                return
+            except (aiohttp.ClientError, ConnectionError, RuntimeError):
+                await ws.close()
+                if attempt:
+                    raise
+
+    async def _link(self, node: MembershipNode, hop: NextHop) -> aiohttp.ClientWebSocketResponse:
+        key = (hop.addr, hop.peer_id)
+        async with self._opening.setdefault(key, asyncio.Lock()):
+            ws = self._links.get(key)
+            if ws is not None and not ws.closed:
+                return ws
+            if node.http is None:
+                raise RuntimeError("this node is not running")
+            headers = auth_headers(node.config.swarm_key, "GET", PUSH_PATH, peer_id=hop.peer_id)
+            ws = await asyncio.wait_for(node.http.ws_connect(
+                f"{hop.addr}{PUSH_PATH}", headers=headers, max_msg_size=0,
+                ssl=peer_ssl(hop.peer_id),
+            ), CONNECT_TIMEOUT_S)  # fmt: skip
+            self._links[key] = ws
+            task = asyncio.create_task(self._drain(key, ws))
+            self._readers.add(task)
+            task.add_done_callback(self._readers.discard)
+            return ws
+
+    async def _drain(self, key: tuple[str, str], ws: aiohttp.ClientWebSocketResponse) -> None:
+        """Read what the peer says back on a link (errors about pushed steps: logged)."""
+        async for msg in ws:
+            if msg.type == WSMsgType.TEXT:
+                log.warning("push link to %s says: %s", key[1], msg.data[:500])
+        if self._links.get(key) is ws:
+            del self._links[key]
+
+    async def close(self) -> None:
+        for ws in list(self._links.values()):
+            with contextlib.suppress(Exception):
+                await ws.close()
+        self._links.clear()
+        for task in list(self._readers):
+            task.cancel()
+
+
+def add_push_route(app: web.Application, server: BlockServer) -> None:
+    """Mount /push (incoming links) and close the outgoing links at shutdown."""
+    app.router.add_get(PUSH_PATH, functools.partial(_push_socket, server))
+
+    async def _close_links(app: web.Application) -> None:
+        await server.push.links.close()
+
+    app.on_shutdown.append(_close_links)
+
+
+async def _push_socket(server: BlockServer, request: web.Request) -> web.WebSocketResponse:
+    """One link from another server: binary pushed steps in; errors about steps it cannot
+    place (an unknown session) go back as text. Counted against max_sockets."""
+    if len(server.sockets) >= server.config.max_sockets:
+        raise Busy(f"this server has {len(server.sockets)} sockets open (limit "
+                   f"max_sockets={server.config.max_sockets}); retry shortly")  # fmt: skip
+    node = request.app[NODE]
+    ws = web.WebSocketResponse(max_msg_size=server.config.max_body_bytes)
+    await ws.prepare(request)
+    server.sockets.add(ws)
+    running: set[asyncio.Task[None]] = set()
+    timeout = node.config.idle_timeout_s + server.config.session_timeout_s
+    try:
+        while not ws.closed:
+            try:
+                msg = await ws.receive(timeout=timeout)
+            except asyncio.TimeoutError:
+                await ws.close(code=1001, message=b"idle")
+                break
+            if msg.type == WSMsgType.BINARY:
+                task = asyncio.create_task(_pushed(server, node, ws, msg.data))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            elif msg.type == WSMsgType.TEXT:
+                await _say(ws, BadRequest("a push link carries binary step frames only"))
+            else:
+                break
+    finally:
+        server.sockets.discard(ws)
+    return ws
+
+
+async def _pushed(server: BlockServer, node: MembershipNode, link: web.WebSocketResponse,
+                  data: bytes) -> None:  # fmt: skip
+    from drift.server.steps import serve_step  # steps imports this module
+
+    try:
+        params, tensors = decode_frame(data)
+        session_id = pushed_session(params)
+        client = server.push.sockets.get(session_id)
+        if client is None:
+            raise UnknownSession(f"session {session_id} has no open socket here")
+    except DriftError as exc:
+        await _say(link, exc)
+        return
+    await serve_step(server, node, client, session_id, params, tensors, pushed=True)
+
+
+async def _say(ws: web.WebSocketResponse, exc: DriftError) -> None:
+    with contextlib.suppress(ConnectionError, RuntimeError):
+        await ws.send_str(orjson.dumps(ErrorMessage(exc.code, exc.message).to_wire()).decode())
+
+
+def forward_error(hop: NextHop, exc: BaseException) -> str:
+    """What a reply says when its step could not go on to `hop`."""
+    return f"could not push to {hop.peer_id} at {hop.addr}: {exc!r}"

@@ -1,0 +1,135 @@
+"""Server-to-server push of inference steps (drift.wire.push) on real loopback servers: the
+pushed chain gives the relayed chain's logits and tokens (and local transformers'), a server
+refuses to push to a peer its swarm table does not hold, and the client relays then."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+import torch
+
+from drift.client import ClientConfig
+from drift.client.routing import Hop
+from drift.client.transport import SpanSocket
+from drift.wire import messages as m
+from drift.wire.errors import BadRequest, PushRefused
+from drift.wire.push import NextHop
+from tests.client.swarms import Swarm
+from tests.server.reference import load_reference
+
+SPANS = [(0, 1), (1, 3), (3, 4)]
+IDS = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8, 2, 8, 1, 8]])
+
+
+async def wait_all_know_each_other(swarm: Swarm, timeout_s: float = 20.0) -> None:
+    """Until every server's table holds every other server live (a push needs it)."""
+    ids = {s.node.peer_id for s in swarm.servers}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if all(ids - {s.node.peer_id} <= {r.peer_id for r in s.node.live_records()}
+               for s in swarm.servers):  # fmt: skip
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError("the servers do not all list each other")
+        await asyncio.sleep(0.05)
+
+
+def links(swarm: Swarm) -> list[int]:
+    """How many push links each server holds open."""
+    return [len(s.server.push.links._links) for s in swarm.servers]
+
+
+def decode(model, steps: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy tokens and every step's logits, one token per step in one session."""
+    logits = []
+    with torch.no_grad(), model.inference_session(max_length=32, batch_size=IDS.shape[0]):
+        out = model(IDS, use_cache=True)
+        ids = IDS
+        for _ in range(steps):
+            logits.append(out.logits[:, -1])
+            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+            ids = torch.cat([ids, nxt], dim=1)
+            out = model(nxt, cache=out.cache, use_cache=True)
+    return ids, torch.stack(logits, 1)
+
+
+async def test_pushed_chain_equals_relayed_and_local(tiny_dirs, swarms, sdk_models):
+    model_dir = tiny_dirs("llama")
+    swarm = await swarms.start(model_dir, SPANS)
+    await wait_all_know_each_other(swarm)
+    pushed = await sdk_models.open(model_dir, swarm.token, client_config=ClientConfig())
+    relayed = await sdk_models.open(model_dir, swarm.token,
+                                    client_config=ClientConfig(push=False))  # fmt: skip
+    ids_r, logits_r = await asyncio.to_thread(decode, relayed)
+    assert links(swarm) == [0, 0, 0]  # nothing was pushed
+    ids_p, logits_p = await asyncio.to_thread(decode, pushed)
+    assert links(swarm) == [1, 1, 0]  # first -> middle -> last
+    assert torch.equal(ids_p, ids_r)
+    assert (logits_p - logits_r).abs().max() < 1e-6
+    local = load_reference(model_dir)
+    with torch.no_grad():
+        ref = local(ids_p[:, :-1]).logits[:, IDS.shape[1] - 1 :]
+    assert (logits_p - ref).abs().max() < 1e-4
+    gen = await asyncio.to_thread(pushed.generate, IDS, max_new_tokens=5, do_sample=False)
+    assert torch.equal(gen, local.generate(IDS, max_new_tokens=5, do_sample=False))
+
+
+async def test_server_refuses_to_push_to_a_non_member(tiny_dirs, swarms, sdk_models):
+    model_dir = tiny_dirs("llama")
+    swarm = await swarms.start(model_dir, [(0, 2), (2, 4)])
+    first, second = swarm.servers
+    hop = Hop(first.node.peer_id, first.url, 0, 2)
+    config = ClientConfig()
+    async with aiohttp.ClientSession() as http:
+        sock = await SpanSocket.open(
+            http, hop, m.OpenSession(swarm.fingerprint, 0, 2, 16, 1, "float32"), config
+        )
+        try:
+            width = first.server.backend.hidden_size
+            hidden = torch.randn(1, 1, width)
+            stranger = NextHop(second.url, "12D3KooWNotAMemberOfThisSwarmAtAll", "ab" * 8, 1)
+            req = m.StepRequest(sock.next_step_id(), 0, hidden)
+            await sock.send(req, (stranger,))
+            with pytest.raises(PushRefused, match="12D3KooWNotAMemberOfThisSwarmAtAll"):
+                await sock.receive(req.step_id)
+            # a member at an address its record does not announce: refused too
+            elsewhere = NextHop("http://127.0.0.1:9", second.node.peer_id, "ab" * 8, 2)
+            req = m.StepRequest(sock.next_step_id(), 0, hidden)
+            await sock.send(req, (elsewhere,))
+            with pytest.raises(PushRefused, match="announces"):
+                await sock.receive(req.step_id)
+            # a step whose extras or block states the client must route is not pushed
+            req = m.StepRequest(sock.next_step_id(), 0, hidden, block_states=True)
+            await sock.send(req, (NextHop(second.url, second.node.peer_id, "ab" * 8, 3),))
+            with pytest.raises(BadRequest, match="cannot be pushed"):
+                await sock.receive(req.step_id, states=True)
+            # the session still serves a plain step
+            reply = await sock.step(hidden, 0)
+            assert reply.hidden_states.shape == (1, 1, width)
+        finally:
+            await sock.close()
+    # the servers keep serving: a client pushing through them gets local transformers' tokens
+    model = await sdk_models.open(model_dir, swarm.token)
+    local = load_reference(model_dir)
+    gen = await asyncio.to_thread(model.generate, IDS, max_new_tokens=4, do_sample=False)
+    assert torch.equal(gen, local.generate(IDS, max_new_tokens=4, do_sample=False))
+
+
+async def test_push_in_a_private_swarm(tiny_dirs, swarms, sdk_models):
+    """Push links prove the swarm key like every call; a /push without it is refused."""
+    key = "push-test-key-0123456789abcdef"
+    model_dir = tiny_dirs("llama")
+    swarm = await swarms.start(model_dir, SPANS, swarm_key=key)
+    await wait_all_know_each_other(swarm)
+    model = await sdk_models.open(model_dir, swarm.token, swarm_key=key)
+    local = load_reference(model_dir)
+    gen = await asyncio.to_thread(model.generate, IDS, max_new_tokens=4, do_sample=False)
+    assert torch.equal(gen, local.generate(IDS, max_new_tokens=4, do_sample=False))
+    assert links(swarm) == [1, 1, 0]
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as info:
+            await http.ws_connect(f"{swarm.servers[1].url}/push")
+    assert info.value.status == 401
