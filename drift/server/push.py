@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 PUSH_PATH = "/push"
-CONNECT_TIMEOUT_S = 5.0  # opening a link to the next server, and sending one step on it
+CONNECT_TIMEOUT_S = 5.0  # opening a link to the next server (in the background past WAIT_S)
+WAIT_S = 0.5  # how long a step's reply waits for its push: then it is relayed from there
 
 
 class PushHub:
@@ -88,11 +89,20 @@ class PeerLinks:
         self._readers: set[asyncio.Task[None]] = set()
 
     async def send(self, node: MembershipNode, hop: NextHop, data: bytes) -> None:
-        """Send one frame to `hop` (a fresh link if the kept one broke); raises on failure."""
+        """Send one frame to `hop` (a fresh link if the kept one broke) within WAIT_S, so the
+        client's reply never waits long; raises on failure. A link still opening then keeps
+        opening in the background, for later steps (this one is not sent)."""
         for attempt in (0, 1):
-            ws = await self._link(node, hop)
+            opening = asyncio.ensure_future(self._link(node, hop))
             try:
-                await asyncio.wait_for(ws.send_bytes(data), CONNECT_TIMEOUT_S)
+                ws = await asyncio.wait_for(asyncio.shield(opening), WAIT_S)
+            except asyncio.TimeoutError:
+                opening.add_done_callback(_retrieved)
+                raise TimeoutError(
+                    f"the link was not up within {WAIT_S} s (still opening)"
+                ) from None
+            try:
+                await asyncio.wait_for(ws.send_bytes(data), WAIT_S)
                 return
             except (aiohttp.ClientError, ConnectionError, RuntimeError):
                 await ws.close()
@@ -133,6 +143,12 @@ class PeerLinks:
         self._links.clear()
         for task in list(self._readers):
             task.cancel()
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    """A background link opening's failure, logged (not left unretrieved)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.info("push link failed to open: %r", task.exception())
 
 
 def add_push_route(app: web.Application, server: BlockServer) -> None:
