@@ -1,0 +1,119 @@
+"""Batching the steps of concurrent sessions: those queued while the compute thread is busy
+run together as one forward.
+
+A plain step (no named tensors, deep prompts or beam reorder) is queued here instead of
+going to the compute thread on its own. The first step queued submits one drain job; when
+the compute thread reaches it, the job takes every step queued by then, groups those that
+can share a forward (drift.models.batch: same blocks and tokens per row, one step per
+session, at most `chunk_tokens` tokens per forward) and runs each group once. Steps queued
+while it runs wait for the next drain job, so under load a step waits at most one forward.
+A group whose forward fails is rerun step by step, so an error reaches only its own session.
+Knows nothing about HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import torch
+
+from drift.metrics import Histogram
+from drift.models.batch import BatchStep, batch_key, batchable, run_steps
+from drift.models.session import SpanSession
+from drift.server.backend import SpanBackend
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # steps per forward, for /metrics
+
+
+@dataclass(frozen=True)
+class _Queued:
+    step: BatchStep
+    future: Future[torch.Tensor]
+
+    @property
+    def tokens(self) -> int:
+        return int(self.step.hidden.shape[0] * self.step.hidden.shape[1])
+
+
+class StepBatcher:
+    def __init__(self, backend: SpanBackend) -> None:
+        self.backend = backend
+        self.sizes = Histogram(BATCH_BUCKETS)  # sessions' steps per forward run
+        self._lock = threading.Lock()  # guards the queue between the loop and compute thread
+        self._queue: list[_Queued] = []
+        self._scheduled = False  # a drain job is submitted and has not yet taken the queue
+
+    @property
+    def queued(self) -> int:
+        """Steps waiting for the next drain job."""
+        with self._lock:
+            return len(self._queue)
+
+    async def step(self, session: SpanSession, position: int, hidden: torch.Tensor,
+                   attention_mask: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+        """A validated plain step of `session`: its output [b, T, H] on the CPU."""
+        item = _Queued(BatchStep(session, position, hidden, attention_mask), Future())
+        with self._lock:
+            self._queue.append(item)
+            submit, self._scheduled = not self._scheduled, True
+        if submit:
+            try:
+                self.backend.executor.submit(self._drain)
+            except RuntimeError:  # the compute thread is shut down (a move, or exit)
+                with self._lock:
+                    self._scheduled = False
+                raise
+        return await asyncio.wrap_future(item.future)
+
+    def _drain(self) -> None:
+        """On the compute thread: run everything queued so far, group by group."""
+        with self._lock:
+            items, self._queue, self._scheduled = self._queue, [], False
+        live = [item for item in items if item.future.set_running_or_notify_cancel()]
+        try:
+            for group in self._groups(live):
+                self.backend.chunks_run += 1
+                self.sizes.observe(len(group))
+                self._run(group)
+        except BaseException as exc:  # never leave a step waiting forever
+            for item in live:
+                if not item.future.done():
+                    item.future.set_exception(exc)
+            raise
+
+    def _groups(self, items: list[_Queued]) -> list[list[_Queued]]:
+        """Arrival order; a step joins the first open group it fits (key, one step per
+        session, the token cap), else opens one. Unbatchable sessions run alone."""
+        cap = self.backend.chunk_tokens
+        groups: list[tuple[object, list[_Queued]]] = []
+        for item in items:
+            session = item.step.session
+            key: object = batch_key(item.step) if batchable(session) else object()
+            for k, group in groups:
+                if (k == key and all(g.step.session is not session for g in group)
+                        and sum(g.tokens for g in group) + item.tokens <= cap):  # fmt: skip
+                    group.append(item)
+                    break
+            else:
+                groups.append((key, [item]))
+        return [group for _, group in groups]
+
+    @staticmethod
+    def _run(group: list[_Queued]) -> None:
+        try:
+            outs = run_steps([item.step for item in group])
+        except Exception as exc:
+            if len(group) == 1:
+                group[0].future.set_exception(exc)
+                return
+            for item in group:  # one session's error (closed, bad position) stays its own
+                try:
+                    item.future.set_result(run_steps([item.step])[0].to("cpu"))
+                except Exception as one:
+                    item.future.set_exception(one)
+            return
+        for item, out in zip(group, outs, strict=True):
+            item.future.set_result(out.to("cpu"))
