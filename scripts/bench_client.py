@@ -87,7 +87,8 @@ SpanSocket.step = TIMERS.wrap_async(  # type: ignore[method-assign]
 class ServerProcs:
     """`drift server` processes over consecutive spans, joined into one swarm."""
 
-    def __init__(self, model: str, spans: list[tuple[int, int]], tmp: Path) -> None:
+    def __init__(self, model: str, spans: list[tuple[int, int]], tmp: Path,
+                 extra: tuple[str, ...] = ()) -> None:  # fmt: skip
         self.procs: list[subprocess.Popen[bytes]] = []
         self.urls: list[str] = []
         self.spans = spans
@@ -97,7 +98,7 @@ class ServerProcs:
             log = tmp / f"server-{start}-{end}.log"
             cmd = [sys.executable, "-m", "drift.cli", "server", model, "--block_indices",
                    f"{start}:{end}", "--host_maddrs", "/ip4/127.0.0.1/tcp/0",
-                   "--throughput", "100", "--cache_dir", str(tmp)]  # fmt: skip
+                   "--throughput", "100", "--cache_dir", str(tmp), *extra]  # fmt: skip
             if i:
                 cmd += ["--initial_peers", self.token]
             with open(log, "wb") as out:

@@ -31,6 +31,7 @@ from drift.swarm.reader import read_swarm_blocking
 from drift.wire.errors import BadRequest, DriftError
 
 log = logging.getLogger("drift.server")
+BATCH_WAIT_MS = ServerConfig.batch_wait_ms
 
 
 def add_server_options(p: argparse.ArgumentParser, *, num_blocks_default: str = "all") -> None:
@@ -77,6 +78,13 @@ def add_server_options(p: argparse.ArgumentParser, *, num_blocks_default: str = 
         help="largest request body or WebSocket message, MiB (default: 64)",
     )
     p.add_argument(
+        "--batch_wait_ms",
+        type=float,
+        default=BATCH_WAIT_MS,
+        help="ms a batch of concurrent sessions' steps may wait for the steps of sessions "
+        f"active in the last second, so they run as one forward (default: {BATCH_WAIT_MS:g})",
+    )
+    p.add_argument(
         "--throughput",
         type=float,
         default=None,
@@ -106,6 +114,8 @@ def server_config_from_args(args: argparse.Namespace, *, num_blocks: int | None 
             raise BadRequest(f"--{name} must be >= 1")
     if args.session_timeout <= 0 or args.max_body_mb <= 0:
         raise BadRequest("--session_timeout and --max_body_mb must be > 0")
+    if not 0 <= args.batch_wait_ms <= 1000:
+        raise BadRequest("--batch_wait_ms must be in [0, 1000]")
     return ServerConfig(
         model=args.model, start_block=start, end_block=end,
         num_blocks=args.num_blocks if num_blocks is None else num_blocks,
@@ -114,6 +124,7 @@ def server_config_from_args(args: argparse.Namespace, *, num_blocks: int | None 
         inference_max_length=args.inference_max_length, session_timeout_s=args.session_timeout,
         max_body_bytes=int(args.max_body_mb * (1 << 20)), throughput=args.throughput,
         cache_dir=cache_dir or resolve_cache_dir(args.cache_dir), quant_type=args.quant_type,
+        batch_wait_ms=args.batch_wait_ms,
     )  # fmt: skip
 
 

@@ -26,6 +26,9 @@ class ClientConfig:
     ban_max_s: float = 60.0  # longest ban
     rtt_default_s: float = 0.01  # assumed round trip for a server not measured yet
     cache_penalty_s: float = 10.0  # added latency for a server short of KV-cache room
+    # tokens per row of one inference message: a longer step (a long prompt) is sent in
+    # chunks, pipelined along the chain of servers (0: one message, whatever its size)
+    prefill_chunk_tokens: int = 512
     compress_min_bytes: int = 1 << 20  # zstd-compress frames bigger than this (0 = never)
     swarm_key: str | None = field(default=None, repr=False)  # private swarm secret; None: open
     cache_headroom_tokens: int = 256  # tokens a forward's remote cache reserves past its

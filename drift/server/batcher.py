@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ from drift.models.session import SpanSession
 from drift.server.backend import SpanBackend
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # steps per forward, for /metrics
+RECENT_S = 1.0  # seconds: a session that stepped this recently is expected to step again
 
 
 @dataclass(frozen=True)
@@ -39,38 +41,44 @@ class _Queued:
 
 
 class StepBatcher:
-    def __init__(self, backend: SpanBackend) -> None:
+    def __init__(self, backend: SpanBackend, *, wait_s: float = 0.0) -> None:
         self.backend = backend
+        self.wait_s = wait_s  # seconds a drain may wait for recently active sessions' steps
         self.sizes = Histogram(BATCH_BUCKETS)  # sessions' steps per forward run
-        self._lock = threading.Lock()  # guards the queue between the loop and compute thread
+        # guards the queue and `_seen` between the event loop and the compute thread
+        self._cond = threading.Condition()
         self._queue: list[_Queued] = []
         self._scheduled = False  # a drain job is submitted and has not yet taken the queue
+        self._seen: dict[int, tuple[SpanSession, float]] = {}  # id -> (session, last step)
 
     @property
     def queued(self) -> int:
         """Steps waiting for the next drain job."""
-        with self._lock:
+        with self._cond:
             return len(self._queue)
 
     async def step(self, session: SpanSession, position: int, hidden: torch.Tensor,
                    attention_mask: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
         """A validated plain step of `session`: its output [b, T, H] on the CPU."""
         item = _Queued(BatchStep(session, position, hidden, attention_mask), Future())
-        with self._lock:
+        with self._cond:
             self._queue.append(item)
+            self._seen[id(session)] = (session, time.monotonic())
             submit, self._scheduled = not self._scheduled, True
+            self._cond.notify()
         if submit:
             try:
                 self.backend.executor.submit(self._drain)
             except RuntimeError:  # the compute thread is shut down (a move, or exit)
-                with self._lock:
+                with self._cond:
                     self._scheduled = False
                 raise
         return await asyncio.wrap_future(item.future)
 
     def _drain(self) -> None:
         """On the compute thread: run everything queued so far, group by group."""
-        with self._lock:
+        with self._cond:
+            self._gather()
             items, self._queue, self._scheduled = self._queue, [], False
         live = [item for item in items if item.future.set_running_or_notify_cancel()]
         try:
@@ -83,6 +91,20 @@ class StepBatcher:
                 if not item.future.done():
                     item.future.set_exception(exc)
             raise
+
+    def _gather(self) -> None:
+        """(Lock held) Wait up to `wait_s` until every session that stepped in the last
+        RECENT_S seconds has a step queued: sessions that step in turn then run together."""
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            now = time.monotonic()
+            for key, (session, last) in list(self._seen.items()):
+                if session.closed or now - last > RECENT_S:
+                    del self._seen[key]
+            queued = {id(item.step.session) for item in self._queue}
+            if queued >= self._seen.keys() or now >= deadline:
+                return
+            self._cond.wait(deadline - now)
 
     def _groups(self, items: list[_Queued]) -> list[list[_Queued]]:
         """Arrival order; a step joins the first open group it fits (key, one step per

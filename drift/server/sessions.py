@@ -40,7 +40,13 @@ class Session:
 
 class SessionManager:
     def __init__(
-        self, backend: SpanBackend, budget: CacheBudget, *, max_length: int, timeout_s: float
+        self,
+        backend: SpanBackend,
+        budget: CacheBudget,
+        *,
+        max_length: int,
+        timeout_s: float,
+        batch_wait_s: float = 0.0,
     ) -> None:
         self.backend = backend
         self.budget = budget
@@ -48,7 +54,8 @@ class SessionManager:
         self.timeout_s = timeout_s  # seconds of idleness before a session is closed
         self.sessions: dict[str, Session] = {}
         self.refusing: str | None = None  # why new sessions are refused (a span move), or None
-        self.batcher = StepBatcher(backend)  # plain steps of concurrent sessions, batched
+        # plain steps of concurrent sessions, batched
+        self.batcher = StepBatcher(backend, wait_s=batch_wait_s)
 
     async def open(self, req: OpenSession) -> tuple[Session, SessionOpened]:
         if self.refusing is not None:

@@ -79,3 +79,26 @@ async def test_queued_steps_run_as_one_forward_and_equal_alone(family, servers, 
                for line in text.splitlines()
                if line.startswith("drift_step_batch_size_bucket")}  # fmt: skip
     assert buckets["+Inf"] - buckets["2"] >= 2  # two rounds of 4 sessions in one forward
+
+
+async def test_sessions_stepping_in_turn_wait_for_each_other(servers, tmp_path):
+    """With batch_wait_ms, sessions stepping concurrently in loops get their solo outputs
+    (a wait never changes numbers, and a session that stops stepping is not waited for)."""
+    model_dir = save_tiny("llama", tmp_path / "llama")
+    running = await servers(model_dir, 0, 4, batch_wait_ms=50)
+    fp = running.server.backend.fingerprint
+    span = ModelSpan.load(Checkpoint(model_dir), 0, 4)
+
+    async def user(http, u: int) -> None:
+        remote = await RawSession.open(http, running.url, fp, 0, 4, max_length=32)
+        alone = span.new_session(batch_size=1, max_length=32)
+        for t in range(6 + u):  # users stop one after another
+            x = _hidden(100 * u + t, 1, 3 if t == 0 else 1)
+            position = 0 if t == 0 else 2 + t
+            got = await remote.step(x, position)
+            torch.testing.assert_close(got, alone.step(x), atol=1e-5, rtol=0)
+        await remote.close()
+
+    async with aiohttp.ClientSession() as http:
+        await asyncio.gather(*(user(http, u) for u in range(3)))
+    assert running.server.sessions.batcher.sizes.count >= 6
