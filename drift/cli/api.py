@@ -53,8 +53,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "(default: 8)")  # fmt: skip
     p.add_argument("--max_batch", type=int, default=8,
                    help="requests waiting together are generated as one batch of up to this "
-                        "many, max_concurrent // max_batch batches at once; 1 = off "
-                        "(default: 8)")  # fmt: skip
+                        "many; one arriving while batches run starts its own at once (the "
+                        "servers batch their steps together); 1 = off (default: 8)")  # fmt: skip
     p.add_argument("--queue_size", type=int, default=32,
                    help="requests waiting for a slot before HTTP 429 (default: 32)")  # fmt: skip
     p.add_argument("--default_max_tokens", type=int, default=512,
