@@ -84,8 +84,10 @@ class OpenedSessions:
     route: Callable[[], tuple[ServedSpan, ...]]  # the servers in use (after the first step)
 
 
-# (max_length, batch_size) -> a context manager holding one generation's sessions
-SessionFactory = Callable[[int, int], AbstractContextManager[OpenedSessions]]
+# (max_length, batch_size, prompt ids of a one-row generation or None) -> a context manager
+# holding one generation's sessions (maybe continuing a held one: drift.api.prefix)
+SessionFactory = Callable[[int, int, Sequence[int] | None],
+                          AbstractContextManager[OpenedSessions]]  # fmt: skip
 Pooling = str  # "mean": mean of the final normed hidden states over the tokens, then L2 norm
 
 
@@ -173,7 +175,7 @@ class CausalLMEngine:
         processors, recorder = self._processors(len(prompt_ids), params, generator)
         with (
             torch.inference_mode(),
-            self._open(len(prompt_ids) + params.max_new_tokens, 1) as opened,
+            self._open(len(prompt_ids) + params.max_new_tokens, 1, prompt_ids) as opened,
         ):
             routed = _Once(opened.route, [on_route] if on_route else [])
 
@@ -184,10 +186,11 @@ class CausalLMEngine:
             self._generate(input_ids, torch.ones_like(input_ids), params.max_new_tokens,
                            processors, TokenTap(tap, cancel), opened.generate_kwargs)  # fmt: skip
 
-    def _open(self, max_length: int, batch_size: int) -> AbstractContextManager[OpenedSessions]:
+    def _open(self, max_length: int, batch_size: int,
+              prompt: Sequence[int] | None) -> AbstractContextManager[OpenedSessions]:  # fmt: skip
         if self.sessions is None:
             return contextlib.nullcontext(OpenedSessions({}, lambda: ()))
-        return self.sessions(max_length, batch_size)
+        return self.sessions(max_length, batch_size, prompt)
 
     def generate_batch(self, rows: Sequence[BatchRow]) -> None:
         """Generate several requests as one left-padded batch; each row stops on its own
@@ -207,7 +210,8 @@ class CausalLMEngine:
                         [r.cancel for r in rows], [r.on_done for r in rows],
                         self.eos_token_ids)  # fmt: skip
         max_new = max(r.params.max_new_tokens for r in rows)
-        with torch.inference_mode(), self._open(width + max_new, len(rows)) as opened:
+        lone = list(rows[0].prompt_ids) if len(rows) == 1 else None  # may continue a session
+        with torch.inference_mode(), self._open(width + max_new, len(rows), lone) as opened:
             stop.before_step = _Once(opened.route, [r.on_route for r in rows if r.on_route])
             self._generate(input_ids, mask, max_new, LogitsProcessorList([RowProcessors(
                 row_processors)]), stop, opened.generate_kwargs)  # fmt: skip
