@@ -6,7 +6,9 @@ view and sockets) decoding greedily from its own prompt, in its own thread; N of
 together and the wall time until the last one ends gives the aggregate tokens/s, printed
 against 1 session in the same run. Each session's tokens are checked against its solo run.
 The servers batch the steps that queue up while they compute (drift.server.batcher); the
-mean batch size is read from their /metrics.
+mean batch size is read from their /metrics. The CPU time of the client and of each server
+per token is printed too: on a shared machine whose load drifts, how much less CPU a token
+costs than with 1 session is the load-independent side of the speed-up.
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/bench_concurrency.py --sessions 1,2,4,8,16
 """
@@ -149,14 +151,16 @@ def report(args: Any, counts: list[int], walls: dict[int, list[float]], same: di
     print(f"\n{args.model}, 2 servers, {args.new} new tokens per session after a "
           f"{len(BASE_PROMPT)}-token prompt, medians of {args.reps} interleaved run(s)")  # fmt: skip
     print("| sessions | aggregate tokens/s | vs 1 session | tokens equal solo | steps per "
-          "forward | CPU ms/token: client, server 1, server 2 |")  # fmt: skip
-    print("| --- | --- | --- | --- | --- | --- |")
+          "forward | CPU ms/token: client, server 1, server 2 | CPU per token vs 1 session |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    per_token = {c: [x * 1e3 / (c * args.new * args.reps) for x in cpu[c]] for c in counts}
     for c in counts:
         ratio = f"{rate[c] / base:.2f}x" if base else "-"
         total, steps = batches[c]
-        per = ", ".join(f"{x * 1e3 / (c * args.new * args.reps):.1f}" for x in cpu[c])
+        per = ", ".join(f"{x:.1f}" for x in per_token[c])
+        saving = f"{sum(per_token[1]) / sum(per_token[c]):.2f}x less" if base else "-"
         print(f"| {c} | {rate[c]:.2f} | {ratio} | {'yes' if same[c] else 'NO'} | "
-              f"{total / steps if steps else 0:.2f} | {per} |")  # fmt: skip
+              f"{total / steps if steps else 0:.2f} | {per} | {saving} |")  # fmt: skip
 
 
 if __name__ == "__main__":

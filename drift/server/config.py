@@ -34,7 +34,7 @@ class ServerConfig:
     chunk_tokens: int = 1024  # tokens per unit of compute: longer work is cut, others run between
     # milliseconds a batch of concurrent sessions' steps may wait for the steps of sessions
     # that stepped in the last second (they then run together; 0: run what is queued)
-    batch_wait_ms: float = 10.0
+    batch_wait_ms: float = 50.0
     max_json_bytes: int = 8 << 20  # bytes: largest plain-JSON /forward or /backward body (413)
     throughput: float | None = None  # block-tokens/s of one block; None: measured at start
     cache_dir: Path | None = None  # where the throughput measurement is cached (None: none)
