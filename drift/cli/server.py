@@ -81,8 +81,9 @@ def add_server_options(p: argparse.ArgumentParser, *, num_blocks_default: str = 
         "--batch_wait_ms",
         type=float,
         default=BATCH_WAIT_MS,
-        help="ms a batch of concurrent sessions' steps may wait for the steps of sessions "
-        f"active in the last second, so they run as one forward (default: {BATCH_WAIT_MS:g})",
+        help="ms a batch of concurrent sessions' steps waits after the latest step came for "
+        "those of other sessions active in the last second (at most 5x in all), so they run "
+        f"as one forward; 0 = run what is queued (default: {BATCH_WAIT_MS:g})",
     )
     p.add_argument(
         "--throughput",

@@ -28,6 +28,7 @@ from drift.server.backend import SpanBackend
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # steps per forward, for /metrics
 RECENT_S = 1.0  # seconds: a session that stepped this recently is expected to step again
+WAIT_CAP = 5  # a drain waits at most this many times wait_s in all
 
 
 @dataclass(frozen=True)
@@ -93,15 +94,19 @@ class StepBatcher:
             raise
 
     def _gather(self) -> None:
-        """(Lock held) Wait up to `wait_s` until every session that stepped in the last
-        RECENT_S seconds has a step queued: sessions that step in turn then run together."""
-        deadline = time.monotonic() + self.wait_s
+        """(Lock held) Wait while steps keep coming until every session that stepped in the
+        last RECENT_S seconds has one queued: at most `wait_s` after the latest arrival and
+        WAIT_CAP x `wait_s` in all. Sessions that step in turn (a chain of servers) then
+        run together, also when their steps trickle in."""
+        start = time.monotonic()
         while True:
             now = time.monotonic()
             for key, (session, last) in list(self._seen.items()):
                 if session.closed or now - last > RECENT_S:
                     del self._seen[key]
             queued = {id(item.step.session) for item in self._queue}
+            latest = max(self._seen[k][1] for k in queued if k in self._seen) if queued else start
+            deadline = min(max(start, latest) + self.wait_s, start + WAIT_CAP * self.wait_s)
             if queued >= self._seen.keys() or now >= deadline:
                 return
             self._cond.wait(deadline - now)

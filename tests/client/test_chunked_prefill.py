@@ -41,7 +41,9 @@ async def test_4096_tokens_of_hidden_4096_through_two_servers(swarms, sdk_models
     local = _wide_model(tmp_path / "wide")
     swarm = await swarms.start(tmp_path / "wide", [(0, 1), (1, 2)], inference_max_length=4096)
     assert swarm.seed.server.config.max_body_bytes == 64 << 20
-    model = await sdk_models.open(tmp_path / "wide", swarm.token)
+    # 8 MiB chunks on a busy machine: a step may take longer than the adaptive default
+    config = ClientConfig(min_step_timeout_s=60.0)
+    model = await sdk_models.open(tmp_path / "wide", swarm.token, client_config=config)
     ids = torch.randint(0, 256, (1, 4096), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         embeds = local.model.embed_tokens(ids)
