@@ -6,8 +6,11 @@ going to the compute thread on its own. The first step queued submits one drain 
 the compute thread reaches it, the job takes every step queued by then, groups those that
 can share a forward (drift.models.batch: same blocks and tokens per row, one step per
 session, at most `chunk_tokens` tokens per forward) and runs each group once. Steps queued
-while it runs wait for the next drain job, so under load a step waits at most one forward.
-A group whose forward fails is rerun step by step, so an error reaches only its own session.
+while it runs wait for the next drain job. Before taking the queue, a drain job waits for
+the sessions that stepped in the last second while their steps keep coming (`wait_s` after
+the latest, WAIT_CAP x `wait_s` in all), so sessions stepping in turn along a chain of
+servers fall into one convoy. A group whose forward fails is rerun step by step, so an
+error reaches only its own session.
 Knows nothing about HTTP.
 """
 
