@@ -6,16 +6,22 @@ transformers model (no swarm), or --swarm MODEL to serve it over a real loopback
 in-process block servers splitting the blocks in halves, tests/server/harness.py). Each
 client sends --requests completions one after another. --max_batch 1 8 repeats the run
 with batching off (1) and on (up to 8 requests per batch), for --local and --swarm.
+--arrivals 10 compares clients arriving together with clients arriving at random times
+over 10 s (streamed: tokens/s and each request's time to first token).
 
     PYTHONPATH=. python scripts/bench_api.py --local smollm2 --max_tokens 32
     PYTHONPATH=. OMP_NUM_THREADS=1 python scripts/bench_api.py --swarm smollm2 --max_batch 1 8
     python scripts/bench_api.py --url http://127.0.0.1:8000 --api_key sk-... --model smollm2
+    PYTHONPATH=. OMP_NUM_THREADS=1 python scripts/bench_api.py --swarm smollm2 --max_batch 8 \
+        --clients 8 --requests 1 --arrivals 10
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import random
 import time
 
 import aiohttp
@@ -32,7 +38,56 @@ async def _client(http: aiohttp.ClientSession, url: str, body: dict, requests: i
     return tokens
 
 
+async def _streamed(http: aiohttp.ClientSession, url: str, body: dict, requests: int,
+                    delay: float) -> tuple[int, list[float]]:  # fmt: skip
+    """After `delay` seconds, `requests` streamed completions: (text chunks received, each
+    one's time to its first chunk)."""
+    await asyncio.sleep(delay)
+    chunks, ttfts = 0, []
+    for _ in range(requests):
+        start, first = time.perf_counter(), None
+        async with http.post(f"{url}/v1/completions", json=dict(body, stream=True)) as r:
+            if r.status != 200:
+                raise SystemExit(f"HTTP {r.status}: {await r.text()}")
+            async for raw in r.content:
+                line = raw.decode().strip()
+                if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["text"]:
+                    first = first or time.perf_counter() - start
+                    chunks += 1
+        ttfts.append(first or time.perf_counter() - start)
+    return chunks, ttfts
+
+
+async def bench_arrivals(url: str, key: str, model: str, args: argparse.Namespace) -> None:
+    """Clients arriving together vs at random times over --arrivals seconds (seeded)."""
+    body = {"model": model, "prompt": args.prompt, "max_tokens": args.max_tokens,
+            "temperature": 0}  # fmt: skip
+    headers = {"Authorization": f"Bearer {key}"}
+    rng = random.Random(0)
+    async with aiohttp.ClientSession(headers=headers,
+                                     timeout=aiohttp.ClientTimeout(total=3600)) as http:  # fmt: skip
+        await _streamed(http, url, dict(body, max_tokens=2), 1, 0.0)  # warm-up
+        print(f"{'clients':>7} {'arrivals':>12} {'seconds':>8} {'tokens/s':>9} "
+              f"{'TTFT median':>12} {'TTFT max':>9}")  # fmt: skip
+        for clients in args.clients:
+            rates = {}
+            for label, spread in (("together", 0.0), (f"over {args.arrivals:g} s", args.arrivals)):
+                delays = sorted(rng.uniform(0, spread) for _ in range(clients))
+                start = time.perf_counter()
+                results = await asyncio.gather(
+                    *(_streamed(http, url, body, args.requests, d) for d in delays))  # fmt: skip
+                seconds = time.perf_counter() - start
+                ttfts = sorted(t for _, ts in results for t in ts)
+                rates[label] = sum(n for n, _ in results) / seconds
+                print(f"{clients:>7} {label:>12} {seconds:>8.2f} {rates[label]:>9.1f} "
+                      f"{ttfts[len(ttfts) // 2] * 1e3:>9.0f} ms {ttfts[-1] * 1e3:>6.0f} ms",
+                      flush=True)  # fmt: skip
+
+
 async def bench(url: str, key: str, model: str, args: argparse.Namespace) -> None:
+    if args.arrivals:
+        await bench_arrivals(url, key, model, args)
+        return
     body = {"model": model, "prompt": args.prompt, "max_tokens": args.max_tokens,
             "temperature": 0}  # fmt: skip
     headers = {"Authorization": f"Bearer {key}"}
@@ -124,6 +179,9 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=2, help="requests per client")
     p.add_argument("--max_tokens", type=int, default=32)
     p.add_argument("--prompt", default="The history of the city of Paris")
+    p.add_argument("--arrivals", type=float, default=0.0,
+                   help="also run each client count with the clients arriving at random "
+                        "times over this many seconds (streamed: time to first token)")  # fmt: skip
     args = p.parse_args()
     if args.swarm:
         asyncio.run(bench_swarm(args))

@@ -92,7 +92,7 @@ class ServerProcs:
     """`drift server` processes over consecutive spans, joined into one swarm."""
 
     def __init__(self, model: str, spans: list[tuple[int, int]], tmp: Path,
-                 extra: list[str] | None = None) -> None:  # fmt: skip
+                 extra: tuple[str, ...] | list[str] = ()) -> None:  # fmt: skip
         """`extra`: more `drift server` flags for every server (e.g. --adapters)."""
         self.procs: list[subprocess.Popen[bytes]] = []
         self.urls: list[str] = []
@@ -103,7 +103,7 @@ class ServerProcs:
             log = tmp / f"server-{start}-{end}.log"
             cmd = [sys.executable, "-m", "drift.cli", "server", model, "--block_indices",
                    f"{start}:{end}", "--host_maddrs", "/ip4/127.0.0.1/tcp/0",
-                   "--throughput", "100", "--cache_dir", str(tmp), *(extra or [])]  # fmt: skip
+                   "--throughput", "100", "--cache_dir", str(tmp), *extra]  # fmt: skip
             if i:
                 cmd += ["--initial_peers", self.token]
             with open(log, "wb") as out:

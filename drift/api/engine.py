@@ -85,9 +85,11 @@ class OpenedSessions:
     route: Callable[[], tuple[ServedSpan, ...]]  # the servers in use (after the first step)
 
 
-# (max_length, batch_size, LoRA adapter or None) -> a context manager holding one
-# generation's sessions
-SessionFactory = Callable[[int, int, str | None], AbstractContextManager[OpenedSessions]]
+# (max_length, batch_size, LoRA adapter or None, prompt ids of a one-row generation or None)
+# -> a context manager holding one generation's sessions (maybe continuing a held one:
+# drift.api.prefix)
+SessionFactory = Callable[[int, int, str | None, Sequence[int] | None],
+                          AbstractContextManager[OpenedSessions]]  # fmt: skip
 Pooling = str  # "mean": mean of the final normed hidden states over the tokens, then L2 norm
 
 
@@ -179,7 +181,9 @@ class CausalLMEngine:
         processors, recorder = self._processors(len(prompt_ids), params, generator)
         with (
             torch.inference_mode(),
-            self._open(len(prompt_ids) + params.max_new_tokens, 1, params.adapter) as opened,
+            self._open(
+                len(prompt_ids) + params.max_new_tokens, 1, params.adapter, prompt_ids
+            ) as opened,
         ):
             routed = _Once(opened.route, [on_route] if on_route else [])
 
@@ -191,10 +195,11 @@ class CausalLMEngine:
                            processors, TokenTap(tap, cancel), opened.generate_kwargs)  # fmt: skip
 
     def _open(self, max_length: int, batch_size: int,
-              adapter: str | None) -> AbstractContextManager[OpenedSessions]:  # fmt: skip
+              adapter: str | None,
+              prompt: Sequence[int] | None) -> AbstractContextManager[OpenedSessions]:  # fmt: skip
         if self.sessions is None:
             return contextlib.nullcontext(OpenedSessions({}, lambda: ()))
-        return self.sessions(max_length, batch_size, adapter)
+        return self.sessions(max_length, batch_size, adapter, prompt)
 
     def generate_batch(self, rows: Sequence[BatchRow]) -> None:
         """Generate several requests (of one LoRA adapter, or none) as one left-padded batch;
@@ -216,7 +221,11 @@ class CausalLMEngine:
                         self.eos_token_ids)  # fmt: skip
         max_new = max(r.params.max_new_tokens for r in rows)
         adapter = rows[0].params.adapter
-        with torch.inference_mode(), self._open(width + max_new, len(rows), adapter) as opened:
+        lone = list(rows[0].prompt_ids) if len(rows) == 1 else None  # may continue a session
+        with (
+            torch.inference_mode(),
+            self._open(width + max_new, len(rows), adapter, lone) as opened,
+        ):
             stop.before_step = _Once(opened.route, [r.on_route for r in rows if r.on_route])
             self._generate(input_ids, mask, max_new, LogitsProcessorList([RowProcessors(
                 row_processors)]), stop, opened.generate_kwargs)  # fmt: skip

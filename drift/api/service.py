@@ -6,7 +6,10 @@ thread and streams its tokens back through an asyncio queue as text deltas, appl
 stop strings. Closing the iterator cancels the generation before its next token and waits
 for the thread, so the request's sessions are freed before its slot is. No HTTP here.
 With `max_batch` > 1, choices waiting together run as one batch (`generate_batch`); each
-still streams on its own and completes the step its row ends, not when the batch does.
+still streams on its own and completes (freeing its slot) the step its row ends, not when
+the batch does. A choice arriving while batches run starts its own batch at once (no wait
+for them to end): over a swarm the block servers run its steps in the same forward as the
+running batches' (drift.server.batcher), so it joins them at their next step.
 `embed` runs embedding inputs (one forward pass each) under the same slots. Token counts and timings go to the
 app's `ApiMetrics`.
 """
@@ -85,8 +88,10 @@ class GenerationService:
         self.active = 0  # generate() calls running on the executor
         self.tokens_generated = 0  # all tokens produced since start (written by the threads)
         self._pending: list[tuple[BatchRow, Future[None]]] = []  # choices waiting for a batch
-        self._batches = 0  # batches running
-        self._max_batches = max(1, config.max_concurrent // config.max_batch)
+        self._batches = 0  # batches running (each on an executor thread)
+        # slots bound the rows; a batch whose rows have all ended but one still holds its
+        # thread, so batches are bounded by the executor's threads
+        self._max_batches = config.max_concurrent
         self._kick_scheduled = False
 
     def close(self) -> None:

@@ -5,25 +5,47 @@ Each generation opens its own remote session through the client's public API
 server-side caches, a cancelled request frees its caches at once, and the session's spans
 tell which servers ran the blocks. A request may name a LoRA adapter the swarm serves
 ("model:adapter"): its sessions ask for it, and routing uses only servers holding it.
+With a `SessionPool` (drift.api.prefix), a one-row generation of the base model keeps its
+session when it ends cleanly and a later prompt starting with its tokens (the next chat
+turn) continues it: only the new tokens are sent. Such sessions are opened
+`headroom_tokens` longer than asked, so the next turn fits without reopening. (Sessions of
+an adapter are not pooled.)
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from drift.api.engine import CausalLMEngine, OpenedSessions, ServedSpan
+from drift.api.prefix import SessionPool
 from drift.client.routing import missing_blocks
+from drift.wire.errors import LengthExceeded
 
 
-def swarm_engine(model: Any, tokenizer: Any, *, model_id: str, **kwargs: Any) -> CausalLMEngine:
-    """An engine over a `DistributedModelForCausalLM` (from drift.client)."""
+def swarm_engine(model: Any, tokenizer: Any, *, model_id: str, pool: SessionPool | None = None,
+                 headroom_tokens: int = 512, **kwargs: Any) -> CausalLMEngine:  # fmt: skip
+    """An engine over a `DistributedModelForCausalLM` (from drift.client); with `pool`,
+    one-row generations continue held sessions sharing their prompt's prefix."""
+
+    def open_session(max_length: int, batch_size: int, adapter: str | None,
+                     prompt: Sequence[int] | None) -> Any:  # fmt: skip
+        if pool is None or prompt is None or adapter is not None:
+            return model.open_session(max_length=max_length, batch_size=batch_size,
+                                      active_adapter=adapter)  # fmt: skip
+        held = pool.take(prompt, max_length)
+        if held is not None:
+            return held
+        try:  # room for the next turn, where the servers allow it
+            return model.open_session(max_length=max_length + headroom_tokens, batch_size=1)
+        except LengthExceeded:
+            return model.open_session(max_length=max_length, batch_size=1)
 
     @contextlib.contextmanager
-    def sessions(max_length: int, batch_size: int, adapter: str | None) -> Iterator[OpenedSessions]:
-        session = model.open_session(max_length=max_length, batch_size=batch_size,
-                                     active_adapter=adapter)  # fmt: skip
+    def sessions(max_length: int, batch_size: int, adapter: str | None = None,
+                 prompt: Sequence[int] | None = None) -> Iterator[OpenedSessions]:  # fmt: skip
+        session = open_session(max_length, batch_size, adapter, prompt)
 
         def route() -> tuple[ServedSpan, ...]:
             return tuple(
@@ -33,7 +55,12 @@ def swarm_engine(model: Any, tokenizer: Any, *, model_id: str, **kwargs: Any) ->
 
         try:
             yield OpenedSessions({"session": session}, route)
-        finally:
+        except BaseException:
+            session.close()
+            raise
+        if pool is not None and prompt is not None and adapter is None:
+            pool.put(session)  # closed there unless it can be matched later
+        else:
             session.close()
 
     def adapters() -> tuple[str, ...]:  # blocking: refreshes the client's table when stale

@@ -53,12 +53,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "(default: 8)")  # fmt: skip
     p.add_argument("--max_batch", type=int, default=8,
                    help="requests waiting together are generated as one batch of up to this "
-                        "many, max_concurrent // max_batch batches at once; 1 = off "
-                        "(default: 8)")  # fmt: skip
+                        "many; one arriving while batches run starts its own at once (the "
+                        "servers batch their steps together); 1 = off (default: 8)")  # fmt: skip
     p.add_argument("--queue_size", type=int, default=32,
                    help="requests waiting for a slot before HTTP 429 (default: 32)")  # fmt: skip
     p.add_argument("--default_max_tokens", type=int, default=512,
                    help="completion length when a request names none (default: 512)")  # fmt: skip
+    p.add_argument("--prefix_sessions", type=int, default=8,
+                   help="sessions kept after a one-request generation so that a request "
+                        "starting with its tokens (the next chat turn) continues it instead of "
+                        "sending the whole conversation again (over a swarm); 0 = off (default: 8)")  # fmt: skip
     p.add_argument("--cors_origins", action="append", default=[], metavar="ORIGIN",
                    help="browser origin allowed to call /v1 from another site, e.g. "
                         "https://app.example; repeat for several, '*' for any (default: none; "
@@ -91,7 +95,10 @@ def _engine(args: argparse.Namespace, model_id: str) -> Any:
     key = swarm_key_from(args.swarm_key, args.swarm_key_file, tokens)
     model, tokenizer = load_client(args.model, tokens, swarm_key=key,
                                    cache_dir=args.cache_dir, torch_dtype=args.torch_dtype)  # fmt: skip
-    return swarm_engine(model, tokenizer, model_id=model_id)
+    from drift.api.prefix import SessionPool
+
+    pool = SessionPool(model, max_sessions=args.prefix_sessions) if args.prefix_sessions else None
+    return swarm_engine(model, tokenizer, model_id=model_id, pool=pool)
 
 
 def _check(args: argparse.Namespace) -> str | None:
@@ -108,6 +115,8 @@ def _check(args: argparse.Namespace) -> str | None:
         return (
             "--max_concurrent, --max_batch and --default_max_tokens must be >= 1, --queue_size >= 0"
         )
+    if args.prefix_sessions < 0:
+        return "--prefix_sessions must be >= 0"
     return None
 
 

@@ -31,6 +31,7 @@ from drift.swarm.reader import read_swarm_blocking
 from drift.wire.errors import BadRequest, DriftError
 
 log = logging.getLogger("drift.server")
+BATCH_WAIT_MS = ServerConfig.batch_wait_ms
 
 
 def add_server_options(p: argparse.ArgumentParser, *, num_blocks_default: str = "all") -> None:
@@ -77,6 +78,14 @@ def add_server_options(p: argparse.ArgumentParser, *, num_blocks_default: str = 
         help="largest request body or WebSocket message, MiB (default: 64)",
     )
     p.add_argument(
+        "--batch_wait_ms",
+        type=float,
+        default=BATCH_WAIT_MS,
+        help="ms a batch of concurrent sessions' steps waits after the latest step came for "
+        "those of other sessions active in the last second (at most 5x in all), so they run "
+        f"as one forward; 0 = run what is queued (default: {BATCH_WAIT_MS:g})",
+    )
+    p.add_argument(
         "--throughput",
         type=float,
         default=None,
@@ -120,6 +129,8 @@ def server_config_from_args(args: argparse.Namespace, *, num_blocks: int | None 
         adapters = parse_adapters(args.adapters)
     except ValueError as exc:
         raise BadRequest(f"--adapters: {exc}") from exc
+    if not 0 <= args.batch_wait_ms <= 1000:
+        raise BadRequest("--batch_wait_ms must be in [0, 1000]")
     return ServerConfig(
         model=args.model, start_block=start, end_block=end,
         num_blocks=args.num_blocks if num_blocks is None else num_blocks,
@@ -129,6 +140,7 @@ def server_config_from_args(args: argparse.Namespace, *, num_blocks: int | None 
         max_body_bytes=int(args.max_body_mb * (1 << 20)), throughput=args.throughput,
         cache_dir=cache_dir or resolve_cache_dir(args.cache_dir), quant_type=args.quant_type,
         adapters=adapters,
+        batch_wait_ms=args.batch_wait_ms,
     )  # fmt: skip
 
 

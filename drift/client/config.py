@@ -30,6 +30,9 @@ class ClientConfig:
     # activations on the wire (steps, /forward, /backward; replies come back alike): None as
     # computed, or float16 | bfloat16 | int8 (blockwise absmax), see drift.wire.compress
     wire_dtype: str | None = None
+    # tokens per row of one inference message: a longer step (a long prompt) is sent in
+    # chunks, pipelined along the chain of servers (0: one message, whatever its size)
+    prefill_chunk_tokens: int = 512
     compress_min_bytes: int = 1 << 20  # zstd-compress frames bigger than this (0 = never)
     swarm_key: str | None = field(default=None, repr=False)  # private swarm secret; None: open
     cache_headroom_tokens: int = 256  # tokens a forward's remote cache reserves past its

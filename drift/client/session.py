@@ -13,6 +13,7 @@ the async core.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 
@@ -154,12 +155,80 @@ class InferenceSession:
     async def _step(
         self, step: StepInputs, states: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`step` through every span. Past `prefill_chunk_tokens` tokens it travels in chunks
+        (no message outgrows a server's body limit), pipelined: span i+1 computes chunk j
+        while span i computes chunk j+1 (`_pipeline`, relayed). A step of one chunk goes
+        `_whole`: relayed span by span, or pushed from server to server."""
+        if not self.spans:
+            self.spans = await self._connect(self.start_block, self.end_block)
+        parts = split_step(step, self.client.config.prefill_chunk_tokens)
+        if len(parts) == 1:
+            return await self._whole(step, states)
+        chunks = [_Chunk(c, c.hidden) for c in parts]
+        if len(self.spans) > 1:
+            await self._pipeline(chunks, states)
+        for chunk in chunks:  # what the pipeline left (all, without one), with failovers
+            await self._through(chunk, states)
+        hidden = torch.cat([c.hidden for c in chunks], dim=1)
+        if not states:
+            return hidden, None
+        return hidden, torch.cat([torch.cat(c.outputs, dim=2) for c in chunks], dim=1)
+
+    async def _through(self, chunk: _Chunk, states: bool) -> None:
+        """`chunk` through the spans it has not passed yet, one after another; a failed span
+        is replaced (its history replayed) and the chunk sent again."""
+        if chunk.error is not None:  # the pipeline's failure on span `depth`
+            exc, chunk.error = chunk.error, None
+            await self._failover(chunk.depth, exc)
+        while chunk.depth < len(self.spans):
+            try:
+                await self._advance(chunk, states)
+            except DriftError as exc:
+                await self._failover(chunk.depth, exc)  # then the replacement's first span
+
+    async def _advance(self, chunk: _Chunk, states: bool) -> None:
+        """`chunk` through span `chunk.depth`: kept in its history, the chunk moves on."""
+        span = self.spans[chunk.depth]
+        inputs = self._inputs(chunk.step, chunk.hidden, span.hop, chunk.shared)
+        out, donated = await self._send(span, inputs, self.end_block, states)
+        span.history.append(inputs)
+        if states:
+            chunk.outputs.append(donated.pop(BLOCK_STATES))
+        chunk.shared.update(donated)
+        chunk.hidden, chunk.depth = out, chunk.depth + 1
+
+    async def _pipeline(self, chunks: list[_Chunk], states: bool) -> None:
+        """Chunks through the spans, each span taking them in order as the one before gives
+        them. At the first failure every span stops taking chunks; the failed chunk keeps
+        its error, and `_through` finishes what is left in order."""
+        queues: list[asyncio.Queue[_Chunk | None]] = [asyncio.Queue() for _ in self.spans]
+        for chunk in chunks:
+            queues[0].put_nowait(chunk)
+        queues[0].put_nowait(None)
+        failed = False
+
+        async def work(i: int) -> None:
+            nonlocal failed
+            while (chunk := await queues[i].get()) is not None and not failed:
+                try:
+                    await self._advance(chunk, states)
+                except DriftError as exc:
+                    failed, chunk.error = True, exc
+                    break
+                if i + 1 < len(queues):
+                    queues[i + 1].put_nowait(chunk)
+            if i + 1 < len(queues):
+                queues[i + 1].put_nowait(None)
+
+        await asyncio.gather(*(work(i) for i in range(len(self.spans))))
+
+    async def _whole(
+        self, step: StepInputs, states: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Each span's output feeds the next. Sent span by span (relayed), or, when
         `_pushing`, sent to one span that pushes it on along the rest (drift.wire.push):
         the client then only reads each span's reply, in order. A span that fails is
         replaced and replayed (`_failover`), and the step relayed from there."""
-        if not self.spans:
-            self.spans = await self._connect(self.start_block, self.end_block)
         hidden = step.hidden
         shared: Tensors = {}  # keys/values of this step's new positions, by donor
         outputs: list[torch.Tensor] = []  # each hop's blocks' outputs, when asked
@@ -355,6 +424,35 @@ class InferenceSession:
         for span in self.spans:
             await span.socket.close()
         self.spans = []
+
+
+@dataclass
+class _Chunk:
+    """A step's chunk on its way along the spans: where it is and what it has so far."""
+
+    step: StepInputs  # the chunk's inputs to the first span
+    hidden: torch.Tensor  # its input to span `depth` ([B, t, H])
+    depth: int = 0  # spans passed
+    shared: Tensors = field(default_factory=dict)  # K/V of its positions donated so far
+    outputs: list[torch.Tensor] = field(default_factory=list)  # blocks' outputs, when asked
+    error: DriftError | None = None  # the pipeline's failure on span `depth`
+
+
+def split_step(step: StepInputs, chunk_tokens: int) -> list[StepInputs]:
+    """`step` as consecutive chunks of at most `chunk_tokens` tokens per row (0: one piece);
+    the beam reorder goes with the first, deep prompts with all (they apply by position)."""
+    tokens = step.hidden.shape[1]
+    if chunk_tokens <= 0 or tokens <= chunk_tokens:
+        return [step]
+    out = []
+    for a in range(0, tokens, chunk_tokens):
+        b = min(tokens, a + chunk_tokens)
+        out.append(StepInputs(
+            step.hidden[:, a:b], step.position + a, step.hypo_ids if a == 0 else None,
+            None if step.attention_mask is None else step.attention_mask[:, a:b], step.prompts,
+            None if step.per_layer is None else step.per_layer[:, a:b], dict(step.shared),
+        ))  # fmt: skip
+    return out
 
 
 def _cpu(tensor: torch.Tensor | None) -> torch.Tensor | None:

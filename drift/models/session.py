@@ -108,26 +108,8 @@ class SpanSession:
         the `donate` blocks' K/V of the new positions (with `states`, also each block's
         output, drift.wire.extras.BLOCK_STATES), in hidden's dtype. Received K/V are
         kept in the cache, so rollback and beam reorder apply to them as to the span's own."""
-        if self.closed:
-            raise BadRequest("this inference session is closed")
-        if position > self.position:
-            raise LengthExceeded(
-                f"step at position {position}, but the session holds {self.position} tokens"
-            )
+        mask_2d = self.prepare(position, hidden, hypo_ids, attention_mask)
         device = self.span.device
-        batch, tokens = hidden.shape[:2]
-        if position < self.position:
-            self._rollback(position)
-        if hypo_ids is not None:
-            hypo = hypo_ids.to(device)
-            reorder(self.cache, hypo)
-            self.mask = self.mask[hypo]
-        new_mask = (
-            torch.ones(batch, tokens, dtype=torch.bool, device=device)
-            if attention_mask is None
-            else attention_mask.to(device, torch.bool)
-        )
-        mask_2d = torch.cat([self.mask, new_mask], dim=1)  # [B, past + T]
         span_prompts = None if prompts is None else prompts.to(device, self.span.dtype)
         named = {k: v.to(device, self.span.dtype) for k, v in (extras or {}).items()}
         try:
@@ -139,11 +121,43 @@ class SpanSession:
         except Exception:
             rollback(self.cache, position)  # leave the session as it was before this step
             raise
-        self.mask, self.position = mask_2d, position + tokens
-        assert cache_length(self.cache, self.length_slot) == self.position
+        self.commit(mask_2d)
         return out.to(hidden.dtype), {k: v.to(hidden.dtype) for k, v in donated.items()}
 
-    def _rollback(self, position: int) -> None:
+    def prepare(
+        self, position: int, hidden: torch.Tensor, hypo_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+    ) -> torch.Tensor:  # fmt: skip
+        """Before a step at `position`: the session's own checks, the rollback to `position`
+        and the beam reorder; returns the step's 2D mask [B, position + T] (not yet kept)."""
+        if self.closed:
+            raise BadRequest("this inference session is closed")
+        if position > self.position:
+            raise LengthExceeded(
+                f"step at position {position}, but the session holds {self.position} tokens"
+            )
+        device = self.span.device
+        batch, tokens = hidden.shape[:2]
+        if position < self.position:
+            self.rollback(position)
+        if hypo_ids is not None:
+            hypo = hypo_ids.to(device)
+            reorder(self.cache, hypo)
+            self.mask = self.mask[hypo]
+        new_mask = (
+            torch.ones(batch, tokens, dtype=torch.bool, device=device)
+            if attention_mask is None
+            else attention_mask.to(device, torch.bool)
+        )
+        return torch.cat([self.mask, new_mask], dim=1)  # [B, past + T]
+
+    def commit(self, mask_2d: torch.Tensor) -> None:
+        """After the cache took a step's keys and values: keep its mask and new position."""
+        self.mask, self.position = mask_2d, mask_2d.shape[1]
+        assert cache_length(self.cache, self.length_slot) == self.position
+
+    def rollback(self, position: int) -> None:
+        """Forget every token at `position` and after (cache, mask and position)."""
         rollback(self.cache, position)
         self.mask = self.mask[:, :position]
         self.position = position

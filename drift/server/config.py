@@ -35,6 +35,10 @@ class ServerConfig:
     max_sockets: int = 512  # inference WebSockets open at once; more get 429 at the handshake
     max_request_tokens: int = 8192  # tokens (B x T) of one /forward or /backward (413 past it)
     chunk_tokens: int = 1024  # tokens per unit of compute: longer work is cut, others run between
+    # milliseconds a batch of concurrent sessions' steps waits after the latest step came for
+    # those of sessions that stepped in the last second, at most 5x in all (they then run
+    # together; 0: run what is queued)
+    batch_wait_ms: float = 50.0
     max_json_bytes: int = 8 << 20  # bytes: largest plain-JSON /forward or /backward body (413)
     throughput: float | None = None  # block-tokens/s of one block; None: measured at start
     cache_dir: Path | None = None  # where the throughput measurement is cached (None: none)

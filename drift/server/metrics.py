@@ -16,11 +16,14 @@ LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.
 
 
 class ServerMetrics:
-    def __init__(self, gauges: dict[str, tuple[str, Callable[[], float]]]) -> None:
+    def __init__(self, gauges: dict[str, tuple[str, Callable[[], float]]],
+                 histograms: dict[str, tuple[str, Callable[[], Histogram]]] | None = None,
+                 ) -> None:  # fmt: skip
         self.requests: Counter[tuple[str, str]] = Counter()  # (route, status) -> count
         self.step_latency = Histogram(LATENCY_BUCKETS_S)  # seconds per inference step
         self.forward_latency = Histogram(LATENCY_BUCKETS_S)  # seconds per /forward or /backward
         self.gauges = gauges  # name -> (help text, reader)
+        self.histograms = histograms or {}  # name -> (help text, reader): owned elsewhere
 
     def count(self, route: str, status: int | str) -> None:
         self.requests[(route, str(status))] += 1
@@ -33,5 +36,7 @@ class ServerMetrics:
                          self.step_latency),
             *m.histogram("drift_compute_latency_seconds", "/forward and /backward latency.",
                          self.forward_latency),
+            *(line for name, (help_text, read) in self.histograms.items()
+              for line in m.histogram(name, help_text, read())),
             *m.gauges(self.gauges),
         ])  # fmt: skip

@@ -24,7 +24,8 @@ class SpanRuntime:
     def build(cls, backend: SpanBackend, config: ServerConfig) -> SpanRuntime:
         budget = CacheBudget(config.attn_cache_tokens, backend.n_blocks)
         sessions = SessionManager(backend, budget, max_length=config.inference_max_length,
-                                  timeout_s=config.session_timeout_s)  # fmt: skip
+                                  timeout_s=config.session_timeout_s,
+                                  batch_wait_s=config.batch_wait_ms / 1e3)  # fmt: skip
         return cls(backend, budget, sessions)
 
     def close(self) -> None:

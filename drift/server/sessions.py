@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from drift.server.backend import SpanBackend
+from drift.server.batcher import StepBatcher
 from drift.server.budget import CacheBudget
 from drift.wire.checks import ACTIVATION_DTYPES, StepLimits
 from drift.wire.errors import Busy, LengthExceeded, UnknownAdapter, UnknownSession
@@ -43,7 +44,13 @@ class Session:
 
 class SessionManager:
     def __init__(
-        self, backend: SpanBackend, budget: CacheBudget, *, max_length: int, timeout_s: float
+        self,
+        backend: SpanBackend,
+        budget: CacheBudget,
+        *,
+        max_length: int,
+        timeout_s: float,
+        batch_wait_s: float = 0.0,
     ) -> None:
         self.backend = backend
         self.budget = budget
@@ -51,6 +58,8 @@ class SessionManager:
         self.timeout_s = timeout_s  # seconds of idleness before a session is closed
         self.sessions: dict[str, Session] = {}
         self.refusing: str | None = None  # why new sessions are refused (a span move), or None
+        # plain steps of concurrent sessions, batched
+        self.batcher = StepBatcher(backend, wait_s=batch_wait_s)
 
     async def open(self, req: OpenSession) -> tuple[Session, SessionOpened]:
         if self.refusing is not None:
@@ -109,6 +118,12 @@ class SessionManager:
             outs = []
             for pos in range(0, tokens, chunk):
                 stop = min(tokens, pos + chunk)
+                if req.hypo_ids is None and req.prompts is None:  # batched with other sessions
+                    mask = req.attention_mask
+                    outs.append(await self.batcher.step(
+                        session.cache, req.position + pos, req.hidden_states[:, pos:stop],
+                        None if mask is None else mask[:, pos:stop]))  # fmt: skip
+                    continue
                 outs.append(await self.backend.run_chunk(
                     functools.partial(self._step_tokens, session, req, pos, stop)))  # fmt: skip
         finally:

@@ -42,6 +42,9 @@ class BlockServer:
             "drift_active_sessions": ("Open inference sessions.", lambda: len(self.sessions.sessions)),
             "drift_cache_tokens_in_use": ("KV-cache block-tokens reserved.", lambda: self.budget.used),
             "drift_cache_tokens_total": ("KV-cache block-tokens in the budget.", lambda: self.budget.total),
+        }, {
+            "drift_step_batch_size": ("Sessions' steps run as one forward (since the span was loaded).",
+                                      lambda: self.sessions.batcher.sizes),
         })  # fmt: skip
         self.sockets: set[web.WebSocketResponse] = set()  # inference sockets and push links
         self.push = PushHub()  # each session's socket, and the links this server pushes over

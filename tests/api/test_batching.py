@@ -127,3 +127,18 @@ async def test_short_request_does_not_wait_for_its_batch(batched) -> None:
     assert not long.done()  # the long row of the same batch is still generating
     assert engine.batch_sizes == [2]
     await long
+
+
+async def test_request_arriving_mid_batch_starts_at_once(batched) -> None:
+    """A request arriving while a batch generates does not wait for that batch to end."""
+    engine, client = batched
+    long = asyncio.create_task(
+        _stream_text(client, prompt="Once upon", max_tokens=900, temperature=0)
+    )
+    while not engine.batch_sizes:  # the long one's batch is running
+        await asyncio.sleep(0.01)
+    late = await client.completions.create(model=MODEL_ID, prompt="Hi", max_tokens=3, temperature=0)
+    assert late.usage.completion_tokens <= 3
+    assert not long.done()  # it ran beside the long one's batch, not after it
+    assert engine.batch_sizes == [1, 1]
+    await long

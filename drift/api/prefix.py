@@ -1,0 +1,106 @@
+"""Prefix reuse: remote sessions kept after a generation, continued by the next request
+that starts with their tokens (the next turn of a conversation).
+
+`SessionPool` holds at most `max_sessions` idle sessions (least recently used dropped and
+closed first, and any idle longer than `ttl_s`), each with the token ids its servers'
+caches hold. `take(prompt, max_length)` gives the session sharing the longest prefix with
+`prompt` (at least `min_tokens`), rolled back to that prefix so the rest of the prompt is
+its next step, or None; `put` keeps a session whose generation ended cleanly. Thread-safe
+(generations run on executor threads). Knows nothing of HTTP.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class _Held:
+    session: Any  # drift.client.session.InferenceSession
+    ids: tuple[int, ...]  # tokens its caches hold, in order
+    since: float  # when it was put back (time.monotonic())
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class SessionPool:
+    def __init__(self, model: Any, *, max_sessions: int = 8, ttl_s: float = 120.0,
+                 min_tokens: int = 16) -> None:  # fmt: skip
+        self.model = model  # drift.client's causal LM (cache_for: the session's RemoteCache)
+        self.max_sessions = max_sessions
+        self.ttl_s = ttl_s  # below the servers' session timeout: a held cache is still there
+        self.min_tokens = min_tokens  # a shorter shared prefix is not worth a held session
+        self.hits = 0  # requests that continued a held session
+        self.reused_tokens = 0  # prompt tokens they did not send again
+        self._lock = threading.Lock()
+        self._held: OrderedDict[int, _Held] = OrderedDict()  # id(session) -> held, LRU first
+
+    def take(self, prompt: Sequence[int], max_length: int) -> Any | None:
+        """The held session sharing the longest prefix with `prompt` (rolled back to it,
+        room for `max_length` tokens made), removed from the pool; None if none shares
+        `min_tokens`."""
+        with self._lock:
+            stale = self._expire()
+            best, best_n = None, 0
+            for key, held in self._held.items():
+                n = min(common_prefix(held.ids, prompt), len(prompt) - 1)
+                if n >= max(best_n, self.min_tokens):
+                    best, best_n = key, n
+            taken = None if best is None else self._held.pop(best)
+        for held in stale:
+            held.session.close(wait=False)
+        if taken is None:
+            return None
+        session = taken.session
+        cache = self.model.cache_for(session)
+        cache.crop(best_n)  # the next step starts at the first token not shared
+        cache.last_sequences = None
+        if session.max_length < max_length:
+            session.extend(max_length)  # reopened longer: the servers replay its inputs
+        with self._lock:
+            self.hits += 1
+            self.reused_tokens += best_n
+        return session
+
+    def put(self, session: Any) -> None:
+        """Keep `session` (its generation ended cleanly) for a later request; the least
+        recently used one beyond `max_sessions` is closed."""
+        cache = self.model.cache_for(session)
+        ids = cache.token_ids
+        if session.closed or ids is None or ids.shape[0] != 1 or ids.shape[1] != session.position:
+            session.close(wait=False)  # not a plain one-row token session: nothing to match
+            return
+        with self._lock:
+            self._held[id(session)] = _Held(session, tuple(ids[0].tolist()), time.monotonic())
+            dropped = []
+            while len(self._held) > self.max_sessions:
+                dropped.append(self._held.popitem(last=False)[1])
+        for held in dropped:
+            held.session.close(wait=False)
+
+    def close(self) -> None:
+        with self._lock:
+            held, self._held = list(self._held.values()), OrderedDict()
+        for h in held:
+            h.session.close(wait=False)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._held)
+
+    def _expire(self) -> list[_Held]:
+        """(Lock held) Remove the sessions idle past ttl_s; the caller closes them."""
+        now = time.monotonic()
+        old = [k for k, h in self._held.items() if now - h.since > self.ttl_s]
+        return [self._held.pop(k) for k in old]

@@ -1,0 +1,149 @@
+"""Batching the steps of concurrent sessions: those queued while the compute thread is busy
+run together as one forward.
+
+A plain step (no named tensors, deep prompts or beam reorder) is queued here instead of
+going to the compute thread on its own. The first step queued submits one drain job; when
+the compute thread reaches it, the job takes every step queued by then, groups those that
+can share a forward (drift.models.batch: same blocks and tokens per row, one step per
+session, at most `chunk_tokens` tokens per forward) and runs each group once. Steps queued
+while it runs wait for the next drain job. Before taking the queue, a drain job waits for
+the sessions that stepped in the last second while their steps keep coming (`wait_s` after
+the latest, WAIT_CAP x `wait_s` in all), so sessions stepping in turn along a chain of
+servers fall into one convoy. A group whose forward fails is rerun step by step, so an
+error reaches only its own session.
+Knows nothing about HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import torch
+
+from drift.metrics import Histogram
+from drift.models.batch import BatchStep, batch_key, batchable, run_steps
+from drift.models.session import SpanSession
+from drift.server.backend import SpanBackend
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # steps per forward, for /metrics
+RECENT_S = 1.0  # seconds: a session that stepped this recently is expected to step again
+WAIT_CAP = 5  # a drain waits at most this many times wait_s in all
+
+
+@dataclass(frozen=True)
+class _Queued:
+    step: BatchStep
+    future: Future[torch.Tensor]
+
+    @property
+    def tokens(self) -> int:
+        return int(self.step.hidden.shape[0] * self.step.hidden.shape[1])
+
+
+class StepBatcher:
+    def __init__(self, backend: SpanBackend, *, wait_s: float = 0.0) -> None:
+        self.backend = backend
+        self.wait_s = wait_s  # seconds a drain may wait for recently active sessions' steps
+        self.sizes = Histogram(BATCH_BUCKETS)  # sessions' steps per forward run
+        # guards the queue and `_seen` between the event loop and the compute thread
+        self._cond = threading.Condition()
+        self._queue: list[_Queued] = []
+        self._scheduled = False  # a drain job is submitted and has not yet taken the queue
+        self._seen: dict[int, tuple[SpanSession, float]] = {}  # id -> (session, last step)
+
+    @property
+    def queued(self) -> int:
+        """Steps waiting for the next drain job."""
+        with self._cond:
+            return len(self._queue)
+
+    async def step(self, session: SpanSession, position: int, hidden: torch.Tensor,
+                   attention_mask: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+        """A validated plain step of `session`: its output [b, T, H] on the CPU."""
+        item = _Queued(BatchStep(session, position, hidden, attention_mask), Future())
+        with self._cond:
+            self._queue.append(item)
+            self._seen[id(session)] = (session, time.monotonic())
+            submit, self._scheduled = not self._scheduled, True
+            self._cond.notify()
+        if submit:
+            try:
+                self.backend.executor.submit(self._drain)
+            except RuntimeError:  # the compute thread is shut down (a move, or exit)
+                with self._cond:
+                    self._scheduled = False
+                raise
+        return await asyncio.wrap_future(item.future)
+
+    def _drain(self) -> None:
+        """On the compute thread: run everything queued so far, group by group."""
+        with self._cond:
+            self._gather()
+            items, self._queue, self._scheduled = self._queue, [], False
+        live = [item for item in items if item.future.set_running_or_notify_cancel()]
+        try:
+            for group in self._groups(live):
+                self.backend.chunks_run += 1
+                self.sizes.observe(len(group))
+                self._run(group)
+        except BaseException as exc:  # never leave a step waiting forever
+            for item in live:
+                if not item.future.done():
+                    item.future.set_exception(exc)
+            raise
+
+    def _gather(self) -> None:
+        """(Lock held) Wait while steps keep coming until every session that stepped in the
+        last RECENT_S seconds has one queued: at most `wait_s` after the latest arrival and
+        WAIT_CAP x `wait_s` in all. Sessions that step in turn (a chain of servers) then
+        run together, also when their steps trickle in."""
+        start = time.monotonic()
+        while True:
+            now = time.monotonic()
+            for key, (session, last) in list(self._seen.items()):
+                if session.closed or now - last > RECENT_S:
+                    del self._seen[key]
+            queued = {id(item.step.session) for item in self._queue}
+            latest = max(self._seen[k][1] for k in queued if k in self._seen) if queued else start
+            deadline = min(max(start, latest) + self.wait_s, start + WAIT_CAP * self.wait_s)
+            if queued >= self._seen.keys() or now >= deadline:
+                return
+            self._cond.wait(deadline - now)
+
+    def _groups(self, items: list[_Queued]) -> list[list[_Queued]]:
+        """Arrival order; a step joins the first open group it fits (key, one step per
+        session, the token cap), else opens one. Unbatchable sessions run alone."""
+        cap = self.backend.chunk_tokens
+        groups: list[tuple[object, list[_Queued]]] = []
+        for item in items:
+            session = item.step.session
+            key: object = batch_key(item.step) if batchable(session) else object()
+            for k, group in groups:
+                if (k == key and all(g.step.session is not session for g in group)
+                        and sum(g.tokens for g in group) + item.tokens <= cap):  # fmt: skip
+                    group.append(item)
+                    break
+            else:
+                groups.append((key, [item]))
+        return [group for _, group in groups]
+
+    @staticmethod
+    def _run(group: list[_Queued]) -> None:
+        try:
+            outs = run_steps([item.step for item in group])
+        except Exception as exc:
+            if len(group) == 1:
+                group[0].future.set_exception(exc)
+                return
+            for item in group:  # one session's error (closed, bad position) stays its own
+                try:
+                    item.future.set_result(run_steps([item.step])[0].to("cpu"))
+                except Exception as one:
+                    item.future.set_exception(one)
+            return
+        for item, out in zip(group, outs, strict=True):
+            item.future.set_result(out.to("cpu"))

@@ -1,0 +1,68 @@
+"""Prefix reuse in `drift api` over a loopback swarm: the next chat turn continues the
+session of the one before (only the new tokens go to the servers) and answers exactly as
+local transformers does on the whole conversation; an edited history reuses the part it
+shares (the servers roll back the rest); an unrelated prompt opens a new session."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from drift.api.app import ApiConfig, build_api_app
+from drift.api.prefix import SessionPool, common_prefix
+from drift.api.service import ServiceConfig
+from drift.api.swarm import swarm_engine
+from tests.api.apps import API_KEY, MESSAGES, MODEL_ID, reference
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _ids(local_model, messages) -> list[int]:
+    tokenizer = local_model[1]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_common_prefix() -> None:
+    assert common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2
+    assert common_prefix([1, 2], [1, 2, 3]) == 2
+    assert common_prefix([], [1]) == 0
+
+
+async def test_next_turn_continues_the_held_session(
+    model_dir, local_model, swarms, sdk_models, web_apps
+) -> None:
+    swarm = await swarms.start(model_dir, [(0, 2), (2, 4)])
+    model = await sdk_models.open(model_dir, swarm.token)
+    pool = SessionPool(model, max_sessions=2)
+    engine = swarm_engine(model, local_model[1], model_id=MODEL_ID, pool=pool)
+    service = ServiceConfig(max_concurrent=2, max_batch=8)  # a lone request: a batch of one
+    url = await web_apps.start(build_api_app(engine, ApiConfig((API_KEY,), service=service)))
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
+
+    async def chat(messages) -> str:
+        resp = await client.chat.completions.create(
+            model=MODEL_ID, messages=messages, max_tokens=12, temperature=0
+        )
+        want = reference(local_model, _ids(local_model, messages), 12)[0]
+        assert resp.choices[0].message.content == want
+        return want
+
+    async with client:
+        first = await chat(MESSAGES)
+        assert pool.hits == 0 and len(pool) == 1
+        turn = [*MESSAGES, {"role": "assistant", "content": first},
+                {"role": "user", "content": "And then?"}]  # fmt: skip
+        second = await chat(turn)
+        assert pool.hits == 1 and pool.reused_tokens >= len(_ids(local_model, MESSAGES)) - 1
+        third = [*turn, {"role": "assistant", "content": second},
+                 {"role": "user", "content": "Why?"}]  # fmt: skip
+        await chat(third)
+        assert pool.hits == 2
+        edited = [*MESSAGES, {"role": "assistant", "content": first[:3] + "zz"},
+                  {"role": "user", "content": "Again"}]  # fmt: skip
+        await chat(edited)  # shares the first turn and a part of its answer: rolled back
+        assert pool.hits == 3
+        other = [{"role": "user", "content": "Something else entirely, please"}]
+        await chat(other)
+        assert pool.hits == 3 and len(pool) == 2  # a new session beside the held one
