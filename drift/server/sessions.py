@@ -110,6 +110,9 @@ class SessionManager:
         lora, others = split_lora(req.extras)
         if lora:  # kept for this step and the next ones
             session.lora, req = lora, dataclasses.replace(req, extras=others)
+        # LoRA (a served adapter or weights a step sent) applies to the whole span while a
+        # forward runs: such a session's steps run alone, never batched with others
+        alone = bool(session.lora) or session.request.adapter is not None
         session.busy = True
         try:
             if req.extras or req.donate or req.block_states:
@@ -118,7 +121,7 @@ class SessionManager:
             outs = []
             for pos in range(0, tokens, chunk):
                 stop = min(tokens, pos + chunk)
-                if req.hypo_ids is None and req.prompts is None:  # batched with other sessions
+                if req.hypo_ids is None and req.prompts is None and not alone:  # batched
                     mask = req.attention_mask
                     outs.append(await self.batcher.step(
                         session.cache, req.position + pos, req.hidden_states[:, pos:stop],

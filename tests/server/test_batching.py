@@ -19,6 +19,7 @@ import torch
 from drift.models.checkpoint import Checkpoint
 from drift.models.span import ModelSpan
 from drift.wire import messages as m
+from drift.wire.lora import lora_name
 from tests.server.wsclient import RawSession
 from tests.tiny_models import save_tiny
 
@@ -102,3 +103,42 @@ async def test_sessions_stepping_in_turn_wait_for_each_other(servers, tmp_path):
     async with aiohttp.ClientSession() as http:
         await asyncio.gather(*(user(http, u) for u in range(3)))
     assert running.server.sessions.batcher.sizes.count >= 6
+
+
+async def test_a_lora_session_is_never_batched_with_a_plain_one(servers, tmp_path):
+    """A session whose first step sent LoRA weights keeps them for its later steps; queued
+    beside a plain session's step, each still gets what it gets alone (LoRA applies to the
+    whole span while a forward runs, so such a session runs alone)."""
+    model_dir = save_tiny("llama", tmp_path / "llama")
+    running = await servers(model_dir, 0, 2)
+    server, fp = running.server, running.server.backend.fingerprint
+    gen = torch.Generator().manual_seed(0)
+    lora = {lora_name(b, "self_attn.q_proj", ab): torch.randn(*shape, generator=gen) * 0.3
+            for b in (0, 1) for ab, shape in (("A", (2, 64)), ("B", (64, 2)))}  # fmt: skip
+    x0, x1, y0, y1 = (_hidden(s, 1, t) for s, t in ((1, 4), (2, 1), (3, 5), (4, 1)))
+    span = ModelSpan.load(Checkpoint(model_dir), 0, 2)
+    want = {}
+    for name, weights, steps in (("lora", lora, (x0, x1)), ("base", {}, (x0, x1)),
+                                 ("plain", {}, (y0, y1))):  # fmt: skip
+        with span.serving(weights):
+            alone = span.new_session(batch_size=1, max_length=16)
+            want[name] = [alone.step(x) for x in steps]
+    assert (want["lora"][1] - want["base"][1]).abs().max() > 1e-3  # the weights matter here
+    async with aiohttp.ClientSession() as http:
+        a = await RawSession.open(http, running.url, fp, 0, 2, max_length=16)
+        b = await RawSession.open(http, running.url, fp, 0, 2, max_length=16)
+        torch.testing.assert_close(await a.step(x0, 0, extras=lora), want["lora"][0],
+                                   atol=1e-5, rtol=0)  # fmt: skip
+        await b.step(y0, 0)
+        gate = threading.Event()
+        server.backend.executor.submit(gate.wait)
+        await a.send_step(x1, 4)
+        await b.send_step(y1, 5)
+        while sum(s.busy for s in server.sessions.sessions.values()) < 2:
+            await asyncio.sleep(0.01)  # both steps taken in (queued or waiting for the thread)
+        gate.set()
+        got = [m.decode(m.StepResponse, (await s.ws.receive()).data).hidden_states for s in (a, b)]
+        for s in (a, b):
+            await s.close()
+    torch.testing.assert_close(got[0], want["lora"][1], atol=1e-5, rtol=0)
+    torch.testing.assert_close(got[1], want["plain"][1], atol=1e-5, rtol=0)
