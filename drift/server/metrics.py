@@ -6,7 +6,8 @@ Counters and a latency histogram kept per server instance (no global registry); 
 
 from __future__ import annotations
 
-from collections import Counter
+import time
+from collections import Counter, deque
 from collections.abc import Callable
 
 from drift import metrics as m
@@ -15,12 +16,48 @@ from drift.metrics import Histogram
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
+class RateMeter:
+    """Rates of two cumulative counters over a sliding window, sampled by `rates`."""
+
+    def __init__(self, window_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window_s = window_s
+        self.clock = clock
+        self.samples: deque[tuple[float, int, int]] = deque()
+
+    def rates(self, steps: int, tokens: int) -> dict[str, float]:
+        now = self.clock()
+        self.samples.append((now, steps, tokens))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= self.window_s:
+            self.samples.popleft()  # keep one sample at or past the window as the base
+        t0, s0, k0 = self.samples[0]
+        dt = now - t0
+        if dt <= 0:
+            return {"steps_per_s": 0.0, "tokens_per_s": 0.0}
+        return {
+            "steps_per_s": round((steps - s0) / dt, 2),
+            "tokens_per_s": round((tokens - k0) / dt, 1),
+        }
+
+
 class ServerMetrics:
     def __init__(self, gauges: dict[str, tuple[str, Callable[[], float]]]) -> None:
         self.requests: Counter[tuple[str, str]] = Counter()  # (route, status) -> count
         self.step_latency = Histogram(LATENCY_BUCKETS_S)  # seconds per inference step
         self.forward_latency = Histogram(LATENCY_BUCKETS_S)  # seconds per /forward or /backward
         self.gauges = gauges  # name -> (help text, reader)
+        self.steps_total = 0  # inference steps run
+        self.tokens_total = 0  # tokens (batch x length) through the span
+        self.meter = RateMeter()
+
+    def processed(self, tokens: int, *, step: bool) -> None:
+        """Count one request's work: `tokens` = batch x new length; `step`: an inference step."""
+        self.tokens_total += tokens
+        self.steps_total += int(step)
+
+    def load(self) -> dict[str, float]:
+        """steps/s and tokens/s over the last few seconds, as a server announces them in its
+        record (drift.swarm.record.OPTIONAL_FIELDS); call it about once a second."""
+        return self.meter.rates(self.steps_total, self.tokens_total)
 
     def count(self, route: str, status: int | str) -> None:
         self.requests[(route, str(status))] += 1
@@ -33,5 +70,8 @@ class ServerMetrics:
                          self.step_latency),
             *m.histogram("drift_compute_latency_seconds", "/forward and /backward latency.",
                          self.forward_latency),
+            *m.counter("drift_steps_total", "Inference steps run.", self.steps_total),
+            *m.counter("drift_tokens_total", "Tokens (batch x length) processed.",
+                       self.tokens_total),
             *m.gauges(self.gauges),
         ])  # fmt: skip

@@ -113,7 +113,13 @@ async def _compute(
                              extras=backend.extra_spec)  # fmt: skip
     result = await run(backend, req)
     server.metrics.forward_latency.observe(time.perf_counter() - started)
+    server.metrics.processed(_tokens(req.hidden_states), step=False)
     return _reply(result, is_json)
+
+
+def _tokens(hidden_states: Any) -> int:
+    """Tokens in a [B, T, H] batch: B x T."""
+    return int(hidden_states.shape[0]) * int(hidden_states.shape[1])
 
 
 def _reply(result: Any, is_json: bool) -> web.Response:
@@ -248,6 +254,7 @@ async def _on_step(server: BlockServer, ws: web.WebSocketResponse, sid: str | No
         return
     server.metrics.count("/inference:step", 200)
     server.metrics.step_latency.observe(time.perf_counter() - started)
+    server.metrics.processed(_tokens(req.hidden_states), step=True)
     params, tensors = reply.to_wire()
     with contextlib.suppress(ConnectionError, RuntimeError):  # the client may be gone
         await ws.send_bytes(encode_frame(params, tensors))

@@ -45,6 +45,13 @@ _SCHEMA: dict[str, tuple[tuple[type, ...], bool]] = {
     "seq": ((int,), False),
     "expires_at": (_NUM, False),
 }
+# Fields a record may carry or leave out (older peers do not send them), signed like the
+# rest when present: a server's live load, which the dashboard charts. Kept in `extra`, so a
+# record without them re-encodes byte-exact.
+OPTIONAL_FIELDS: dict[str, str] = {
+    "steps_per_s": "inference steps per second over the last few seconds",
+    "tokens_per_s": "tokens (batch x length) per second through its span, same window",
+}
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,11 @@ class PeerRecord:
             return False
         return verify_signature(self.peer_id, self.canonical(), sig)
 
+    def optional(self, name: str) -> float | None:
+        """An optional field (OPTIONAL_FIELDS), None when the record has none."""
+        value = dict(self.extra).get(name)
+        return float(value) if isinstance(value, _NUM) and not isinstance(value, bool) else None
+
     def serves(self, block: int) -> bool:
         return (
             self.state == "online"
@@ -139,6 +151,11 @@ class PeerRecord:
         extra = tuple(
             sorted((k, v) for k, v in data.items() if k not in _SCHEMA and k != "signature")
         )
+        for name, value in extra:
+            if name in OPTIONAL_FIELDS and (
+                not isinstance(value, _NUM) or isinstance(value, bool) or not value >= 0
+            ):
+                raise BadRequest(f"membership record field {name!r} must be a number >= 0")
         record = cls(**values, signature=signature, extra=extra)
         size = len(record.canonical()) + len(signature)
         if size > MAX_RECORD_BYTES:
@@ -200,7 +217,7 @@ def sign_record(identity: Identity, fields: dict[str, Any]) -> PeerRecord:
     """Validate `fields` (peer_id must be the identity's) and sign them."""
     if fields.get("peer_id") != identity.peer_id:
         raise BadRequest("a record may only be signed by the peer it describes")
-    unknown = set(fields) - set(_SCHEMA)
+    unknown = set(fields) - set(_SCHEMA) - set(OPTIONAL_FIELDS)
     if unknown:
         raise BadRequest(f"unknown record fields {sorted(unknown)}; known: {sorted(_SCHEMA)}")
     unsigned = PeerRecord.from_wire({**fields, "signature": ""})
@@ -214,6 +231,7 @@ def record_fields() -> tuple[str, ...]:
 
 __all__ = [
     "MAX_RECORD_BYTES",
+    "OPTIONAL_FIELDS",
     "PeerRecord",
     "canonical_bytes",
     "default_fields",
