@@ -13,12 +13,12 @@ export function cacheUse(record) {
   return total ? (total - record.cache_tokens_left) / total : null;
 }
 
-// Tokens/s through the whole model that a server's share stands for: a token through a span
-// of k of the model's n blocks counts k/n, so a pipeline of disjoint spans counts it once.
+// Tokens/s through the whole model that a server's work stands for: a token through k of the
+// model's n blocks counts k/n (the server announces tokens x blocks per second), so a chain of
+// servers counts each token once.
 export function fullModelTokensPerS(record) {
   const n = record.num_blocks;
-  if (!n || record.start_block == null || record.end_block == null) return 0;
-  return (record.tokens_per_s || 0) * (record.end_block - record.start_block) / n;
+  return n ? (record.block_tokens_per_s || 0) / n : 0;
 }
 
 export class LoadHistory {

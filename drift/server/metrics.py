@@ -17,26 +17,23 @@ LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.
 
 
 class RateMeter:
-    """Rates of two cumulative counters over a sliding window, sampled by `rates`."""
+    """Per-second rates of cumulative counters over a sliding window, sampled by `rates`."""
 
     def __init__(self, window_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.window_s = window_s
         self.clock = clock
-        self.samples: deque[tuple[float, int, int]] = deque()
+        self.samples: deque[tuple[float, dict[str, int]]] = deque()
 
-    def rates(self, steps: int, tokens: int) -> dict[str, float]:
+    def rates(self, **totals: int) -> dict[str, float]:
+        """{name + "_per_s": rate} for each counter total given (sample about once a second)."""
         now = self.clock()
-        self.samples.append((now, steps, tokens))
+        self.samples.append((now, totals))
         while len(self.samples) > 2 and now - self.samples[1][0] >= self.window_s:
             self.samples.popleft()  # keep one sample at or past the window as the base
-        t0, s0, k0 = self.samples[0]
+        t0, base = self.samples[0]
         dt = now - t0
-        if dt <= 0:
-            return {"steps_per_s": 0.0, "tokens_per_s": 0.0}
-        return {
-            "steps_per_s": round((steps - s0) / dt, 2),
-            "tokens_per_s": round((tokens - k0) / dt, 1),
-        }
+        return {f"{k}_per_s": round((v - base.get(k, v)) / dt, 2) if dt > 0 else 0.0
+                for k, v in totals.items()}  # fmt: skip
 
 
 class ServerMetrics:
@@ -47,17 +44,22 @@ class ServerMetrics:
         self.gauges = gauges  # name -> (help text, reader)
         self.steps_total = 0  # inference steps run
         self.tokens_total = 0  # tokens (batch x length) through the span
+        self.block_tokens_total = 0  # tokens x the blocks each ran through
         self.meter = RateMeter()
 
-    def processed(self, tokens: int, *, step: bool) -> None:
-        """Count one request's work: `tokens` = batch x new length; `step`: an inference step."""
+    def processed(self, tokens: int, blocks: int, *, step: bool) -> None:
+        """Count one request's work: `tokens` = batch x new length through `blocks` blocks;
+        `step`: an inference step."""
         self.tokens_total += tokens
+        self.block_tokens_total += tokens * blocks
         self.steps_total += int(step)
 
     def load(self) -> dict[str, float]:
-        """steps/s and tokens/s over the last few seconds, as a server announces them in its
-        record (drift.swarm.record.OPTIONAL_FIELDS); call it about once a second."""
-        return self.meter.rates(self.steps_total, self.tokens_total)
+        """steps/s, tokens/s and block-tokens/s over the last few seconds, as a server
+        announces them in its record (drift.swarm.record.OPTIONAL_FIELDS); call it about once
+        a second."""
+        return self.meter.rates(steps=self.steps_total, tokens=self.tokens_total,
+                                block_tokens=self.block_tokens_total)  # fmt: skip
 
     def count(self, route: str, status: int | str) -> None:
         self.requests[(route, str(status))] += 1

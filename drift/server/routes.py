@@ -113,7 +113,8 @@ async def _compute(
                              extras=backend.extra_spec)  # fmt: skip
     result = await run(backend, req)
     server.metrics.forward_latency.observe(time.perf_counter() - started)
-    server.metrics.processed(_tokens(req.hidden_states), step=False)
+    server.metrics.processed(_tokens(req.hidden_states), req.end_block - req.start_block,
+                             step=False)  # fmt: skip
     return _reply(result, is_json)
 
 
@@ -254,7 +255,9 @@ async def _on_step(server: BlockServer, ws: web.WebSocketResponse, sid: str | No
         return
     server.metrics.count("/inference:step", 200)
     server.metrics.step_latency.observe(time.perf_counter() - started)
-    server.metrics.processed(_tokens(req.hidden_states), step=True)
+    opened = server.sessions.sessions.get(sid) if sid is not None else None
+    blocks = opened.request.end_block - opened.request.start_block if opened is not None else 0
+    server.metrics.processed(_tokens(req.hidden_states), blocks, step=True)
     params, tensors = reply.to_wire()
     with contextlib.suppress(ConnectionError, RuntimeError):  # the client may be gone
         await ws.send_bytes(encode_frame(params, tensors))

@@ -51,6 +51,7 @@ _SCHEMA: dict[str, tuple[tuple[type, ...], bool]] = {
 OPTIONAL_FIELDS: dict[str, str] = {
     "steps_per_s": "inference steps per second over the last few seconds",
     "tokens_per_s": "tokens (batch x length) per second through its span, same window",
+    "block_tokens_per_s": "tokens x the blocks each ran through, per second, same window",
 }
 
 

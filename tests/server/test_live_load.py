@@ -23,14 +23,14 @@ from tests.server.wsclient import RawSession
 def test_rate_meter_over_a_sliding_window() -> None:
     now = [0.0]
     meter = RateMeter(window_s=5.0, clock=lambda: now[0])
-    assert meter.rates(0, 0) == {"steps_per_s": 0.0, "tokens_per_s": 0.0}
+    assert meter.rates(steps=0, tokens=0) == {"steps_per_s": 0.0, "tokens_per_s": 0.0}
     for second in range(1, 11):  # 2 steps and 20 tokens a second
         now[0] = float(second)
-        rates = meter.rates(2 * second, 20 * second)
+        rates = meter.rates(steps=2 * second, tokens=20 * second)
     assert rates == {"steps_per_s": 2.0, "tokens_per_s": 20.0}
     for second in range(11, 17):  # idle: the window empties
         now[0] = float(second)
-        rates = meter.rates(20, 200)
+        rates = meter.rates(steps=20, tokens=200)
     assert rates == {"steps_per_s": 0.0, "tokens_per_s": 0.0}
 
 
@@ -85,6 +85,7 @@ async def test_server_announces_its_load_and_node_measures_latency(tiny_llama: P
             async with http.get(f"{a.url}/metrics") as resp:
                 text = await resp.text()
             assert "drift_steps_total 4" in text and "drift_tokens_total 24" in text
+            assert a.server.metrics.block_tokens_total == 24  # a's span is one block
 
             async def announced() -> bool:
                 rec = a.node.record
