@@ -20,9 +20,8 @@ taken together from the highest source that sets either. Pure argparse; starts n
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -177,15 +176,3 @@ def apply_settings(parser: argparse.ArgumentParser, *, given: set[str], command:
                     known[k].required = False  # e.g. --initial_peers from the environment
                 break
         done |= group
-
-
-def unknown_top_keys(parsers: Sequence[argparse.ArgumentParser], config: Mapping[str, Any],
-                     commands: Sequence[str]) -> list[str]:  # fmt: skip
-    """Top-level keys no parser knows and that are not a command's section."""
-    known = set().union(*(settable_actions(p) for p in parsers))
-    return sorted(k for k, v in config.items()
-                  if (k not in known and not isinstance(v, dict)) or (isinstance(v, dict) and k not in commands))  # fmt: skip
-
-
-def env_view(env: Mapping[str, str] | None) -> Mapping[str, str]:
-    return os.environ if env is None else env

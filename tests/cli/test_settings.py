@@ -150,3 +150,10 @@ def test_python_dash_m_drift(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "drift", "--help"], capture_output=True,
                          text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
     assert out.returncode == 0 and "exit codes: 0 ok" in out.stdout
+
+
+def test_drift_config_env_names_the_file(tmp_path: Path) -> None:
+    cfg = write(tmp_path, "[down]\ntimeout = 5\n")
+    assert parse_args(["down"], env_for(tmp_path, DRIFT_CONFIG=str(cfg))).timeout == 5.0
+    with pytest.raises(UsageError, match="does not exist"):
+        parse_args(["down"], env_for(tmp_path, DRIFT_CONFIG=str(tmp_path / "nope.toml")))
