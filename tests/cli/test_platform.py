@@ -175,3 +175,43 @@ def test_run_node_stops_on_signals_without_add_signal_handler(
         assert run_node(app, "127.0.0.1", 0, on_started=started) > 0
     assert cleaned == [True]
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+class FakeMsvcrt:
+    """msvcrt.locking as on Windows: one process-wide table of locked (file, offset) bytes."""
+
+    LK_NBLCK = 2
+
+    def __init__(self) -> None:
+        self.held: dict[tuple[int, int], int] = {}  # (inode, offset) -> holding fd
+
+    def locking(self, fd: int, mode: int, nbytes: int) -> None:
+        assert mode == self.LK_NBLCK and nbytes == 1
+        key = (os.fstat(fd).st_ino, os.lseek(fd, 0, os.SEEK_CUR))
+        holder = self.held.get(key)
+        if holder is not None and holder != fd:
+            try:
+                os.fstat(holder)
+            except OSError:  # the holder closed its file: the lock went with it
+                pass
+            else:
+                raise PermissionError(13, "Permission denied")
+        self.held[key] = fd
+
+
+def test_identity_lock_on_windows(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Without fcntl the identity file is locked with msvcrt: a second holder is refused,
+    told the first one's pid, and gets the lock once the first releases it."""
+    from drift.identity import lock
+
+    monkeypatch.setattr(lock, "fcntl", None)
+    monkeypatch.setattr(lock, "msvcrt", FakeMsvcrt())
+    key = tmp_path / "identity.key"
+    first = lock.lock_identity(key)
+    assert first.fd is not None
+    with pytest.raises(lock.IdentityInUse) as refused:
+        lock.lock_identity(key)
+    assert refused.value.pid == os.getpid()
+    first.release()
+    second = lock.lock_identity(key)
+    second.release()
