@@ -87,7 +87,9 @@ class ProcessRecord:
         if not pid_exists(self.pid):
             return "stale"
         now = process_start_time(self.pid)
-        if self.start_time is not None and now is not None and abs(now - self.start_time) > 0.5:
+        # start_time below 1e9 is an older record's clock ticks since boot: not comparable
+        known = self.start_time is not None and self.start_time > 1e9
+        if known and now is not None and abs(now - self.start_time) > 0.5:  # type: ignore[operator]
             return "reused"
         return "running"
 
