@@ -17,9 +17,9 @@ import time
 class DriftProc:
     """One `python -m drift.cli *args` process whose output lines a reader thread collects."""
 
-    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+    def __init__(self, args: list[str], env: dict[str, str], module: str = "drift.cli") -> None:
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "drift.cli", *args], env=env, text=True,
+            [sys.executable, "-m", module, *args], env=env, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )  # fmt: skip
         self.lines: queue.Queue[str] = queue.Queue()

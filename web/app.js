@@ -1,8 +1,11 @@
-// The dashboard's composition root: holds the page state (swarm key, chosen model), polls the
-// node every ~2 s, and hands each snapshot to the renderers. A failed poll keeps the last
+// The dashboard's composition root: holds the page state (swarm key, chosen model, the load
+// history of the last 10 minutes), polls the node every ~2 s, and hands each snapshot to
+// the renderers. A failed poll keeps the last
 // snapshot on screen and says the node is unreachable; a 401 asks for the swarm key.
 import { AuthRequired, fetchSnapshot } from "./api.js";
 import { joinCommand, shortPeer, spanText } from "./format.js";
+import { LoadHistory } from "./history.js";
+import { renderLoad } from "./load.js";
 import { coverageSummary, renderCoverage, renderServers } from "./render.js";
 
 const POLL_MS = 2000;
@@ -14,6 +17,7 @@ const state = {
   lastOk: null,       // time of the last good snapshot (ms)
   joinText: "",
   timer: null,
+  history: new LoadHistory(),  // the last 10 minutes of load, kept in this page
 };
 
 function keyFromFragment() {
@@ -74,7 +78,10 @@ function render(snapshot) {
   renderCoverage($("coverage"), coverage, swarm.records);
   $("coverage-summary").textContent = coverageSummary(coverage);
   $("coverage-summary").dataset.incomplete = coverage.missing.length ? "true" : "false";
-  renderServers($("servers").querySelector("tbody"), swarm.records, swarm.peer_id, snapshot.fetchedAt);
+  state.history.add(snapshot);
+  renderServers($("servers").querySelector("tbody"), swarm.records, swarm.peer_id, snapshot.fetchedAt,
+    (peer) => state.history.latestLatency(peer));
+  renderLoad($("load-total"), $("load-servers"), state.history, swarm.records);
   const online = swarm.records.filter((r) => r.state === "online").length;
   $("servers-summary").textContent = `${swarm.records.length} peers, ${online} online`;
   renderNode(snapshot);

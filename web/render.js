@@ -103,7 +103,8 @@ function adaptersTitle(r) {
   return r.adapters && r.adapters.length ? `LoRA adapters: ${r.adapters.join(", ")}` : null;
 }
 
-export function renderServers(tbody, records, selfPeerId, now) {
+// `latency(peerId)`: this node's measured round trip to the peer in ms, or null.
+export function renderServers(tbody, records, selfPeerId, now, latency = () => null) {
   const sorted = [...records].sort((a, b) =>
     (a.model || "").localeCompare(b.model || "") || (a.start_block ?? -1) - (b.start_block ?? -1)
     || a.peer_id.localeCompare(b.peer_id));
@@ -126,6 +127,8 @@ export function renderServers(tbody, records, selfPeerId, now) {
       el("td", { class: "num" }, r.role === "dht" ? "—" : number(r.throughput)),
       el("td", { class: "num", "data-testid": "cache" }, cacheInUse(r)),
       el("td", { class: "num", "data-testid": "sessions" }, r.role === "dht" ? "—" : r.active_sessions),
+      el("td", { class: "num", "data-testid": "latency" }, r.peer_id === selfPeerId ? "—"
+        : latency(r.peer_id) == null ? "—" : `${number(latency(r.peer_id))} ms`),
       el("td", {}, r.version),
       el("td", { title: new Date(r.expires_at * 1000).toISOString() }, expiresIn(r.expires_at, now)),
     );

@@ -8,7 +8,6 @@ reserves for `cache_tokens` tokens. Knows nothing about which blocks to serve or
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -44,22 +43,16 @@ def _mib(n: int) -> str:
 
 
 def free_memory(device: torch.device) -> int:
-    """Free bytes on `device`: the accelerator's free memory, or MemAvailable on the CPU."""
+    """Free bytes on `device`: the accelerator's free memory, else available RAM (psutil)."""
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
         return int(free)
     if device.type == "xpu" and hasattr(torch.xpu, "mem_get_info"):
         free, _total = torch.xpu.mem_get_info(device)
         return int(free)
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import os
+    import psutil
 
-    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    return int(psutil.virtual_memory().available)  # Linux's MemAvailable; macOS, Windows too
 
 
 def reserve_bytes(device: torch.device) -> int:

@@ -17,13 +17,16 @@ DEFAULT_PORT = 31337
 MODEL_HELP = "alias (e.g. smollm2), local checkpoint dir, .gguf file or Hub id"
 INITIAL_PEERS_HELP = (
     "join token (drift://<peer_id>@<host>:<port>) or multiaddr of a swarm member; several: "
-    "comma-separated or the flag repeated"
+    "comma-separated or the flag repeated (default: $DRIFT_INITIAL_PEERS)"
 )
 SWARM_KEY_HELP = (
     "secret of a private swarm; shows in the process list, so prefer --swarm_key_file or "
     "$DRIFT_SWARM_KEY (default: $DRIFT_SWARM_KEY, else the ?key= of a join token, else none)"
 )
-SWARM_KEY_FILE_HELP = "file holding the swarm key (first line), e.g. a copy of drift up's swarm.key"
+SWARM_KEY_FILE_HELP = (
+    "file holding the swarm key (first line), e.g. a copy of drift up's swarm.key "
+    "(default: $DRIFT_SWARM_KEY_FILE)"
+)
 CACHE_DIR_HELP = (
     "DRIFT's cache dir: converted models, throughput measurements, drift up's identity, "
     "process records for drift down (default: $DRIFT_CACHE or ~/.cache/drift)"
@@ -96,10 +99,12 @@ def add_node_options(p: argparse.ArgumentParser, *, join_alias: bool = False,
     )
     p.add_argument(
         "--announce_maddrs",
-        nargs="*",
+        action="extend",
+        type=split_tokens,
         default=[],
-        help="multiaddrs others reach this node at, e.g. /ip4/203.0.113.5/tcp/31337 "
-        "(default: derived from the listen address)",
+        metavar="MADDR",
+        help="multiaddr others reach this node at, e.g. /ip4/203.0.113.5/tcp/31337; several: "
+        "comma-separated or the flag repeated (default: derived from the listen address)",
     )
     p.add_argument(
         "--public_ip",
@@ -146,3 +151,43 @@ def listen_address(args: argparse.Namespace) -> tuple[str, int]:
 
         return parse_listen_maddr(args.host_maddrs)
     return str(args.host), int(args.port)
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+CONFIG_HELP = (
+    "TOML file of option values, keys named as the flags, top-level or per [command] "
+    "(default: $DRIFT_CONFIG, else ~/.config/drift/drift.toml when it exists)"
+)
+
+
+def log_level_name(text: str) -> str:
+    """--log_level's type: any case ('debug', 'Debug', 'DEBUG')."""
+    return text.strip().upper()
+
+
+def add_global_options(p: argparse.ArgumentParser, *, suppress: bool = False) -> None:
+    """--log_level, -v, -q and --config: on `drift` itself and on every command, so they may
+    come before or after the command (`suppress`: a command's copy leaves what `drift` parsed
+    alone unless given again)."""
+
+    def default(value: object) -> object:
+        return argparse.SUPPRESS if suppress else value
+
+    p.add_argument("--log_level", type=log_level_name, choices=LOG_LEVELS, default=default(None),
+                   help="logging verbosity, any case (default: $DRIFT_LOG_LEVEL, else INFO; "
+                        "-v = DEBUG, -q = WARNING, -qq = ERROR)")  # fmt: skip
+    p.add_argument("-v", "--verbose", action="count", default=default(0),
+                   help="more log output (DEBUG)")  # fmt: skip
+    p.add_argument("-q", "--quiet", action="count", default=default(0),
+                   help="less log output: -q warnings and errors, -qq errors only")  # fmt: skip
+    p.add_argument("--config", default=default(None), metavar="PATH", help=CONFIG_HELP)
+
+
+def log_level(args: argparse.Namespace) -> str:
+    """The level asked for: --log_level (or its env / file value), else from -v / -q, else INFO."""
+    if getattr(args, "log_level", None):
+        return str(args.log_level)
+    step = max(
+        -1, min(2, int(getattr(args, "quiet", 0) or 0) - int(getattr(args, "verbose", 0) or 0))
+    )
+    return LOG_LEVELS[1 + step]

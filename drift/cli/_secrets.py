@@ -1,11 +1,10 @@
 """Where the CLI's secrets come from, and keeping them out of sight.
 
-A secret (the swarm key, API keys) comes from, in this order: its flag (visible in the
-process list, so a warning says so), its key file flag (`--swarm_key_file`, one line), its
-environment variable (`DRIFT_SWARM_KEY`, `DRIFT_API_KEY`), or, for the swarm key, the
-`?key=` of a join token. `scrub_argv` hides secrets in a command line before it is stored
-anywhere; `new_swarm_key`/`write_key_file` make the key of a new private swarm (mode 0600).
-One small piece the commands call, so a config file can be added beside it later.
+A secret (the swarm key, API keys) comes from its flag (visible in the process list, so a
+warning says so), its key file flag (`--swarm_key_file`, one line), their environment
+variables (`DRIFT_SWARM_KEY`, `DRIFT_API_KEY`, `..._FILE`) or the config file -- settled
+once by drift.cli._settings -- or, for the swarm key, the `?key=` of a join token.
+`scrub_argv` hides secrets in a command line before it is stored anywhere; `new_swarm_key`/`write_key_file` make the key of a new private swarm (mode 0600).
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import logging
 import os
 import re
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from drift.identity import JoinToken
@@ -22,8 +21,7 @@ from drift.wire.errors import BadRequest
 
 log = logging.getLogger("drift.secrets")
 
-SWARM_KEY_ENV = "DRIFT_SWARM_KEY"
-API_KEY_ENV = "DRIFT_API_KEY"
+SECRET_ENV = {"DRIFT_SWARM_KEY": "swarm_key", "DRIFT_API_KEY": "api_key"}
 SECRET_FLAGS = ("--swarm_key", "--api_key")  # flags whose value is a secret
 HIDDEN = "***"
 _TOKEN_KEY = re.compile(r"([?&]key=)[^&\s]*")
@@ -44,38 +42,35 @@ def read_key_file(path: str | os.PathLike[str]) -> str:
     return key
 
 
-def swarm_key_from(
-    flag: str | None, key_file: str | None, tokens: Sequence[JoinToken] = (),
-    env: Mapping[str, str] | None = None,
-) -> str | None:  # fmt: skip
-    """The swarm key: --swarm_key, --swarm_key_file, $DRIFT_SWARM_KEY, or a token's ?key=."""
-    env = os.environ if env is None else env
+def swarm_key_from(flag: str | None, key_file: str | None,
+                   tokens: Sequence[JoinToken] = ()) -> str | None:  # fmt: skip
+    """The swarm key: --swarm_key, else --swarm_key_file, else a token's ?key= (the command
+    line, $DRIFT_SWARM_KEY(_FILE) and the config file fill the flags: drift.cli._settings)."""
     if flag:
-        log.warning("--swarm_key shows the key in the process list: prefer --swarm_key_file "
-                    "or $%s", SWARM_KEY_ENV)  # fmt: skip
         return flag
     if key_file:
         return read_key_file(key_file)
-    if env.get(SWARM_KEY_ENV):
-        return env[SWARM_KEY_ENV]
     return next((t.swarm_key for t in tokens if t.swarm_key), None)
 
 
-def api_keys_from(flags: Sequence[str], key_file: str | None,
-                  env: Mapping[str, str] | None = None) -> tuple[str, ...]:  # fmt: skip
-    """Accepted API keys: every --api_key, the lines of --api_key_file, and $DRIFT_API_KEY
-    (comma-separated)."""
-    env = os.environ if env is None else env
+def api_keys_from(flags: Sequence[str], key_file: str | None) -> tuple[str, ...]:
+    """Accepted API keys: every --api_key (or $DRIFT_API_KEY, comma-separated) and the lines
+    of --api_key_file (or $DRIFT_API_KEY_FILE)."""
     keys = list(flags)
-    if flags:
-        log.warning("--api_key shows the key in the process list: prefer --api_key_file or $%s",
-                    API_KEY_ENV)  # fmt: skip
     if key_file:
         path = Path(key_file).expanduser()
         read_key_file(path)  # the same checks (exists, not empty, permissions)
         keys += [line.strip() for line in path.read_text().splitlines() if line.strip()]
-    keys += [k.strip() for k in env.get(API_KEY_ENV, "").split(",") if k.strip()]
     return tuple(dict.fromkeys(keys))
+
+
+def warn_secret_flags(argv: Sequence[str]) -> None:
+    """Warn once per secret flag given on the command line (the process list shows it)."""
+    for flag in SECRET_FLAGS:
+        if any(a == flag or a.startswith(flag + "=") for a in argv):
+            env = next(var for var, key in SECRET_ENV.items() if key == flag[2:])
+            log.warning("%s shows the key in the process list: prefer %s_file or $%s",
+                        flag, flag, env)  # fmt: skip
 
 
 def scrub_argv(argv: Sequence[str]) -> list[str]:

@@ -12,6 +12,8 @@ import logging
 import sys
 from typing import Any
 
+from drift.cli._exits import UsageError
+from drift.cli._net import check_port_free
 from drift.cli._options import (
     add_cache_dir,
     add_initial_peers,
@@ -131,8 +133,8 @@ def run(args: argparse.Namespace) -> int:
 
     problem = _check(args)
     if problem:
-        print(f"drift api: {problem}", file=sys.stderr)
-        return 2
+        raise UsageError(problem)
+    check_port_free(args.host, args.port)  # before loading the model, not after
     api_keys = api_keys_from(args.api_key, args.api_key_file)
     model_id = args.served_model_name or args.model
     config = ApiConfig(
@@ -146,12 +148,8 @@ def run(args: argparse.Namespace) -> int:
     if not GrammarCompiler.available():
         print(f"drift api: llguidance is not installed: requests with tools or response_format "
               f"will get a 400 ({INSTALL_HINT})", file=sys.stderr)  # fmt: skip
-    try:
-        print(f"loading {args.model} ...", file=sys.stderr, flush=True)
-        engine = _engine(args, model_id)
-    except DriftError as exc:
-        print(f"drift api: {exc.message}", file=sys.stderr)
-        return 1
+    print(f"loading {args.model} ...", file=sys.stderr, flush=True)
+    engine = _engine(args, model_id)
 
     cache_dir = resolve_cache_dir(args.cache_dir)
     with process_record("api", cache_dir=cache_dir, model=model_id) as record:

@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from drift.cli._exits import UsageError
 from drift.cli._options import add_cache_dir, add_model
 from drift.cli.procs import read_records
 from drift.cli.server import add_quant_type
@@ -58,7 +59,7 @@ def overlapping_spans(num_blocks: int, num_servers: int) -> list[tuple[int, int]
 
 def _start(args: list[str], env: dict[str, str], log_dir: Path, i: int) -> subprocess.Popen[bytes]:
     log = open(log_dir / f"server-{i}.log", "wb")  # noqa: SIM115 -- closed with the process
-    return subprocess.Popen([sys.executable, "-m", "drift.cli", *args], env=env, stdout=log,
+    return subprocess.Popen([sys.executable, "-m", "drift", *args], env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
 
 
@@ -78,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
     from drift.models.checkpoint import open_checkpoint
     from drift.models.devices import parse_dtype, pick_device
 
+    if args.num_servers < 1 or args.max_new_tokens < 1 or args.timeout <= 0:
+        raise UsageError("need --num_servers >= 1, --max_new_tokens >= 1 and --timeout > 0")
     cache = resolve_cache_dir(args.cache_dir)
     env = dict(os.environ, DRIFT_CACHE=str(cache))
     print(f"opening {args.model} (converted once, then cached under {cache}) ...", flush=True)
@@ -87,9 +90,10 @@ def run(args: argparse.Namespace) -> int:
     except DriftError as exc:
         print(f"drift demo: {exc.message}", file=sys.stderr)
         return 1
-    spans = overlapping_spans(
-        int(ckpt.config.get_text_config().num_hidden_layers), args.num_servers
-    )
+    num_blocks = int(ckpt.config.get_text_config().num_hidden_layers)
+    if args.num_servers > num_blocks:
+        raise UsageError(f"--num_servers {args.num_servers}: {args.model} has {num_blocks} blocks")
+    spans = overlapping_spans(num_blocks, args.num_servers)
     work = Path(tempfile.mkdtemp(prefix="drift-demo-"))
     deadline = time.monotonic() + args.timeout
     procs: list[subprocess.Popen[bytes]] = []

@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import logging
 
+from drift.cli._exits import usage_errors
 from drift.cli._identity import NodeIdentity, open_node_identity
+from drift.cli._net import check_port_free
 from drift.cli._options import add_node_options, listen_address, tls_enabled
 from drift.cli._secrets import swarm_key_from
 from drift.cli.procs import exit_on_sigterm, process_record
@@ -19,7 +21,7 @@ from drift.identity import format_hostport, parse_join_tokens
 from drift.identity.tokens import parse_multiaddr
 from drift.node import MembershipNode, NodeConfig, RunningApp, build_node_app, run_node
 from drift.paths import resolve_cache_dir
-from drift.wire.errors import DriftError
+from drift.wire.errors import BadRequest
 
 log = logging.getLogger("drift.dht")
 
@@ -35,7 +37,7 @@ def node_config_from_args(args: argparse.Namespace) -> NodeConfig:
     tokens = parse_join_tokens(args.initial_peers)
     swarm_key = swarm_key_from(args.swarm_key, args.swarm_key_file, tokens)
     if args.gossip_interval <= 0 or args.record_ttl <= args.gossip_interval or args.fanout < 1:
-        raise SystemExit(
+        raise BadRequest(
             "need --gossip_interval > 0, --record_ttl > --gossip_interval, --fanout >= 1"
         )
     return NodeConfig(
@@ -79,12 +81,10 @@ def log_join_info(node: MembershipNode, running: RunningApp) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
+    with usage_errors():
         config = node_config_from_args(args)
-        node = MembershipNode(node_identity(args).identity, config)
-    except DriftError as exc:
-        log.error("%s", exc.message)
-        return 2
+    check_port_free(config.host, config.port)  # a busy port: one line, exit code 1
+    node = MembershipNode(node_identity(args).identity, config)
     app = build_node_app(node)
     cache = resolve_cache_dir(args.cache_dir)
     with process_record("dht", cache_dir=cache, peer_id=node.peer_id) as rec:

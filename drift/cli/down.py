@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import signal
 import time
 from pathlib import Path
 
 from drift.cli._options import add_cache_dir
-from drift.cli.procs import ProcessRecord, read_records, run_dir, send_signal, wait_for_exit
+from drift.cli.procs import ProcessRecord, kill, read_records, run_dir, terminate, wait_for_exit
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -94,10 +93,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def stop_all(live: list[tuple[Path, ProcessRecord]], timeout_s: float) -> int:
-    """SIGTERM every process at once, wait up to `timeout_s`, kill the rest; count survivors."""
+    """Terminate every process at once, wait up to `timeout_s`, kill the rest; count survivors."""
     for _, record in live:
         print(f"stopping {describe(record)}", flush=True)
-        send_signal(record, signal.SIGTERM)
+        terminate(record)
     deadline = time.monotonic() + timeout_s
     survivors = 0
     for path, record in live:
@@ -105,10 +104,10 @@ def stop_all(live: list[tuple[Path, ProcessRecord]], timeout_s: float) -> int:
             print(f"  pid {record.pid}: stopped")
         else:
             print(f"  pid {record.pid}: still running after {timeout_s:g}s, killing it", flush=True)
-            send_signal(record, signal.SIGKILL)
+            kill(record)
             if not wait_for_exit(record, 5.0):
                 survivors += 1
-                print(f"  pid {record.pid}: survived SIGKILL")
+                print(f"  pid {record.pid}: survived the kill")
                 continue
         _remove(path)  # the process removes its own record; a killed one cannot
     return survivors

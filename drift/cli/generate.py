@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from drift.cli._exits import usage_errors
 from drift.cli._options import add_cache_dir, add_initial_peers, add_swarm_key, add_torch_dtype
 from drift.cli._secrets import swarm_key_from
 from drift.identity.tokens import JoinToken, parse_join_tokens
 from drift.swarm.reader import read_swarm_blocking
-from drift.wire.errors import BadRequest, DriftError
+from drift.wire.errors import BadRequest
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -136,33 +137,29 @@ def generate(model: Any, tokenizer: Any, prompt: str, *, max_new_tokens: int,
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.max_new_tokens < 1:
-        print("drift generate: --max_new_tokens must be at least 1", file=sys.stderr)
-        return 2
-    try:
+    with usage_errors():
+        if args.max_new_tokens < 1:
+            raise BadRequest("--max_new_tokens must be at least 1")
         tokens = parse_join_tokens(args.initial_peers)
         key = swarm_key_from(args.swarm_key, args.swarm_key_file, tokens)
-        model_name = args.model or swarm_model_name(tokens, key)
-        print(f"loading the client side of {model_name} ...", file=sys.stderr, flush=True)
-        model, tokenizer = load_client(
-            model_name,
-            tokens,
-            swarm_key=key,
-            cache_dir=args.cache_dir,
-            torch_dtype=args.torch_dtype,
-        )
-        sampling: dict[str, Any] = {"do_sample": args.do_sample}
-        if args.do_sample:
-            sampling.update(temperature=args.temperature, top_p=args.top_p)
-        try:
-            result = generate(
-                model, tokenizer, args.prompt, max_new_tokens=args.max_new_tokens,
-                chat=not args.no_chat_template, **sampling,
-            )  # fmt: skip
-        finally:
-            model.close()
-    except DriftError as exc:
-        print(f"drift generate: {exc.message}", file=sys.stderr)
-        return 1
+    model_name = args.model or swarm_model_name(tokens, key)
+    print(f"loading the client side of {model_name} ...", file=sys.stderr, flush=True)
+    model, tokenizer = load_client(
+        model_name,
+        tokens,
+        swarm_key=key,
+        cache_dir=args.cache_dir,
+        torch_dtype=args.torch_dtype,
+    )
+    sampling: dict[str, Any] = {"do_sample": args.do_sample}
+    if args.do_sample:
+        sampling.update(temperature=args.temperature, top_p=args.top_p)
+    try:
+        result = generate(
+            model, tokenizer, args.prompt, max_new_tokens=args.max_new_tokens,
+            chat=not args.no_chat_template, **sampling,
+        )  # fmt: skip
+    finally:
+        model.close()
     print(f"[{result.new_tokens} tokens, {result.tokens_per_s:.1f} tokens/s]", file=sys.stderr)
     return 0

@@ -2,8 +2,8 @@
 
 Every long-running command (drift up / server / dht / api) writes one JSON file into
 `<cache_dir>/run/` when it starts and removes it when it exits. A record names the pid and
-the process start time (from /proc/<pid>/stat), so a pid reused by another program is
-recognised and left alone. Knows nothing about what the processes do.
+the process creation time (psutil, on every platform), so a pid reused by another program
+is recognised and left alone. Knows nothing about what the processes do.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from drift.cli._secrets import scrub_argv
 from drift.paths import resolve_cache_dir
 
@@ -29,37 +31,23 @@ def run_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     return resolve_cache_dir(cache_dir) / RUN_DIR_NAME
 
 
-def process_start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (field 22 of /proc/<pid>/stat);
-    None when the process does not exist or /proc is unavailable."""
+def process_start_time(pid: int) -> float | None:
+    """The process's creation time (seconds since the epoch, from psutil on every platform);
+    None when the process does not exist or cannot be read."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    rest = stat[stat.rfind(")") + 2 :].split()
-    try:
-        return int(rest[19])  # fields 3.. start at index 0, so field 22 is index 19
-    except (IndexError, ValueError):
+        return float(psutil.Process(pid).create_time())
+    except (psutil.Error, OSError):
         return None
 
 
 def pid_exists(pid: int) -> bool:
+    """A live process has this pid (a zombie, exited but not yet reaped, does not count)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.AccessDenied:
         return True
-    return not _is_zombie(pid)
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+    except (psutil.Error, OSError):
         return False
-    return stat[stat.rfind(")") + 2 :].startswith("Z")
 
 
 @dataclass(frozen=True)
@@ -68,7 +56,7 @@ class ProcessRecord:
 
     kind: str  # "up" | "server" | "dht" | "api" | "demo"
     pid: int
-    start_time: int | None  # clock ticks since boot, from /proc/<pid>/stat
+    start_time: float | None  # creation time of the process (epoch seconds, psutil)
     command: list[str]  # argv of the process, secrets replaced by ***
     port: int | None  # the HTTP port it listens on (None until bound)
     peer_id: str | None  # its membership peer id (None for processes without one)
@@ -81,7 +69,7 @@ class ProcessRecord:
             return cls(
                 kind=str(data["kind"]),
                 pid=int(data["pid"]),
-                start_time=None if data["start_time"] is None else int(data["start_time"]),
+                start_time=None if data["start_time"] is None else float(data["start_time"]),
                 command=[str(a) for a in data["command"]],
                 port=None if data["port"] is None else int(data["port"]),
                 peer_id=None if data["peer_id"] is None else str(data["peer_id"]),
@@ -99,7 +87,9 @@ class ProcessRecord:
         if not pid_exists(self.pid):
             return "stale"
         now = process_start_time(self.pid)
-        if self.start_time is not None and now is not None and now != self.start_time:
+        # start_time below 1e9 is an older record's clock ticks since boot: not comparable
+        known = self.start_time is not None and self.start_time > 1e9
+        if known and now is not None and abs(now - self.start_time) > 0.5:  # type: ignore[operator]
             return "reused"
         return "running"
 
@@ -167,14 +157,15 @@ def process_record(
         handle.remove()
 
 
-def _exit(signum: int, _frame: Any) -> None:
-    raise SystemExit(128 + signum)
+def _interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt  # the command exits as interrupted (130), cleanups run
 
 
 def exit_on_sigterm() -> None:
-    """Turn SIGTERM into SystemExit, so `process_record`'s cleanup runs during slow startup
-    (loading weights); the node runner replaces it with a graceful leave once serving."""
-    signal.signal(signal.SIGTERM, _exit)
+    """Turn SIGTERM into KeyboardInterrupt (as Ctrl+C), so `process_record`'s cleanup runs
+    during slow startup (loading weights); the node runner replaces it with a graceful leave
+    once serving."""
+    signal.signal(signal.SIGTERM, _interrupt)
 
 
 def read_records(
@@ -204,9 +195,26 @@ def wait_for_exit(record: ProcessRecord, timeout_s: float, poll_s: float = 0.05)
         time.sleep(poll_s)
 
 
-def send_signal(record: ProcessRecord, sig: int) -> None:
-    """Signal the recorded process, only if it is still the process the record names."""
+def _process(record: ProcessRecord) -> psutil.Process | None:
+    """The recorded process, only if it is still the process the record names."""
     if record.status() != "running":
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(record.pid, sig)
+        return None
+    try:
+        return psutil.Process(record.pid)
+    except psutil.Error:
+        return None
+
+
+def terminate(record: ProcessRecord) -> None:
+    """Ask the recorded process to stop: SIGTERM on Unix (a node leaves gracefully);
+    TerminateProcess on Windows, which has no graceful signal to send to another process."""
+    if (proc := _process(record)) is not None:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.terminate()
+
+
+def kill(record: ProcessRecord) -> None:
+    """Kill the recorded process (SIGKILL on Unix, TerminateProcess on Windows)."""
+    if (proc := _process(record)) is not None:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()

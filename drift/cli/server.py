@@ -13,6 +13,8 @@ import dataclasses
 import logging
 from pathlib import Path
 
+from drift.cli._exits import usage_errors
+from drift.cli._net import check_port_free
 from drift.cli._options import (
     add_device,
     add_model,
@@ -28,7 +30,7 @@ from drift.paths import resolve_cache_dir
 from drift.server.config import ServerConfig, parse_adapters
 from drift.swarm import PeerRecord, parse_span
 from drift.swarm.reader import read_swarm_blocking
-from drift.wire.errors import BadRequest, DriftError
+from drift.wire.errors import BadRequest
 
 log = logging.getLogger("drift.server")
 BATCH_WAIT_MS = ServerConfig.batch_wait_ms
@@ -153,14 +155,11 @@ def live_swarm_records(config: NodeConfig) -> list[PeerRecord]:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
+    with usage_errors():
         node_config = node_config_from_args(args)
         config = server_config_from_args(args)
-        chosen = node_identity(args)  # locked until this process exits
-        identity = chosen.identity
-    except DriftError as exc:
-        log.error("%s", exc.message)
-        return 2
+    check_port_free(node_config.host, node_config.port)  # before minutes of loading
+    identity = node_identity(args).identity  # locked until this process exits
     node_config = dataclasses.replace(node_config, client_max_size=config.max_body_bytes)
     with process_record("server", cache_dir=config.cache_dir, peer_id=identity.peer_id,
                         model=config.model) as rec:  # fmt: skip
@@ -172,13 +171,9 @@ def _load_and_serve(rec: RecordHandle, identity: Identity, node_config: NodeConf
                     config: ServerConfig) -> int:  # fmt: skip
     from drift.server.build import attach_server, load_server
 
-    try:
-        records = live_swarm_records(node_config)
-        server = load_server(config, records=records, progress=progress_bar("loading blocks"))
-        node = MembershipNode(identity, node_config)
-    except DriftError as exc:
-        log.error("%s", exc.message)
-        return 2
+    records = live_swarm_records(node_config)
+    server = load_server(config, records=records, progress=progress_bar("loading blocks"))
+    node = MembershipNode(identity, node_config)
     b = server.backend
     log.info("serving blocks [%d, %d) of %s as %s (quantization: %s), throughput %.1f "
              "block-tokens/s", b.start_block, b.end_block, b.model_name, b.dtype_name, b.quant,

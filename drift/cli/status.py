@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Sequence
 
+from drift.cli._exits import usage_errors
 from drift.cli._options import add_initial_peers, add_swarm_key
 from drift.cli._secrets import swarm_key_from
 from drift.identity.tokens import parse_join_tokens
 from drift.swarm import Coverage, PeerRecord, format_ranges, format_span
 from drift.swarm.reader import read_swarm_blocking
-from drift.wire.errors import DriftError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -92,14 +91,11 @@ def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
+    with usage_errors():
         tokens = parse_join_tokens(args.initial_peers)
         key = swarm_key_from(args.swarm_key, args.swarm_key_file, tokens)
-        snap = read_swarm_blocking(tokens, swarm_key=key, timeout_s=args.timeout)
-        coverages = snap.coverages(args.model)
-    except DriftError as exc:
-        print(f"drift status: {exc.message}", file=sys.stderr)
-        return 1
+    snap = read_swarm_blocking(tokens, swarm_key=key, timeout_s=args.timeout)
+    coverages = snap.coverages(args.model)
     if args.json:
         print(json.dumps({"records": [r.to_wire() for r in snap.records],
                           "coverage": [c.to_wire() for c in coverages]}, indent=1))  # fmt: skip

@@ -12,12 +12,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import random
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from drift.cli._exits import usage_errors
 from drift.cli._identity import open_node_identity
 from drift.cli._net import check_port_free, join_command
 from drift.cli._options import add_node_options
@@ -32,7 +32,7 @@ from drift.node import NodeConfig
 from drift.paths import resolve_cache_dir
 from drift.server.config import ServerConfig
 from drift.swarm import PeerRecord
-from drift.wire.errors import BadRequest, DriftError
+from drift.wire.errors import BadRequest
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -117,11 +117,9 @@ def say(text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        return _run(up_config_from_args(args))
-    except DriftError as exc:
-        print(f"drift up: {exc.message}", file=sys.stderr)
-        return 1
+    with usage_errors():
+        cfg = up_config_from_args(args)
+    return _run(cfg)
 
 
 def _run(cfg: UpConfig) -> int:

@@ -2,7 +2,9 @@
 
 `lock_identity(path)` takes an advisory lock on `<path>.lock` (which records the holder's
 pid) or raises IdentityInUse naming that pid and what to do. The operating system drops the
-lock when the process dies, however it dies. POSIX only (fcntl); elsewhere it is a no-op.
+lock when the process dies, however it dies: fcntl.flock on POSIX, msvcrt.locking of one
+byte past the pid on Windows (a locked Windows region cannot be read by others, so the pid
+stays outside it); a no-op where neither exists.
 Knows nothing about keys, records or the network.
 """
 
@@ -18,6 +20,12 @@ try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
+try:
+    import msvcrt  # type: ignore[import-not-found,unused-ignore]
+except ImportError:  # POSIX
+    msvcrt = None  # type: ignore[assignment]
+
+LOCK_OFFSET = 64  # Windows: the locked byte, past the pid text at the start of the file
 
 
 class IdentityInUse(DriftError):
@@ -49,25 +57,35 @@ class IdentityLock:
 def lock_identity(path: str | os.PathLike[str]) -> IdentityLock:
     """Hold `<path>.lock` exclusively; IdentityInUse if another process holds it."""
     path = Path(path)
-    if fcntl is None:
+    if fcntl is None and msvcrt is None:
         return IdentityLock(path, None)
     lock_path = path.with_name(path.name + ".lock")
     lock_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _lock(fd)
     except OSError:
         holder = _read_pid(fd)
         os.close(fd)
         raise IdentityInUse(path, holder) from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.write(fd, f"{os.getpid()}\n".ljust(LOCK_OFFSET - 1).encode())
     return IdentityLock(path, fd)
+
+
+def _lock(fd: int) -> None:
+    """Take the exclusive lock without waiting (OSError when another process holds it)."""
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    os.lseek(fd, LOCK_OFFSET, os.SEEK_SET)
+    msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)  # released when the file is closed or the process ends
 
 
 def _read_pid(fd: int) -> int | None:
     try:
-        text = os.pread(fd, 32, 0).decode().strip()
+        os.lseek(fd, 0, os.SEEK_SET)
+        text = os.read(fd, 32).decode(errors="replace").strip()
         return int(text) if text.isdigit() else None
     except OSError:
         return None

@@ -1,6 +1,6 @@
 """This process's resident memory, and handing freed heap memory back to the OS.
 
-`resident_bytes` reads /proc/self/statm (Linux; None elsewhere). `trim_heap` asks glibc to
+`resident_bytes` asks psutil (every platform). `trim_heap` asks glibc to
 return freed heap pages: loading a quantized span frees a float copy of every weight in
 chunks that glibc would otherwise keep. Knows nothing of models or servers.
 """
@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
-from pathlib import Path
 
 
 def resident_bytes() -> int | None:
-    """Resident set size of this process in bytes, or None where /proc is not available."""
+    """Resident set size of this process in bytes (psutil, every platform); None if unreadable."""
+    import psutil
+
     try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-    except (OSError, ValueError, IndexError):
+        return int(psutil.Process().memory_info().rss)
+    except (psutil.Error, OSError):
         return None
-    return pages * os.sysconf("SC_PAGE_SIZE")
 
 
 def trim_heap() -> None:

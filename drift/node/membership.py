@@ -65,6 +65,7 @@ class MembershipNode:
         self.rounds = 0
         self.bytes_moved = 0
         self.joined = False
+        self.latency_ms: dict[str, float] = {}  # peer id -> gossip round trip (EWMA), ms
 
     @property
     def peer_id(self) -> str:
@@ -133,7 +134,12 @@ class MembershipNode:
         return self.table.records() + own
 
     def swarm_payload(self) -> dict[str, Any]:
-        return {"peer_id": self.peer_id, "records": [r.to_wire() for r in self.all_records()]}
+        """GET /swarm: every record, and the measured round trip to each peer gossiped with."""
+        records = self.all_records()
+        known = {r.peer_id for r in records}
+        latency = {p: round(ms, 2) for p, ms in self.latency_ms.items() if p in known}
+        return {"peer_id": self.peer_id, "records": [r.to_wire() for r in records],
+                "latency_ms": latency}  # fmt: skip
 
     # -- serving gossip ---------------------------------------------------------------
     def handle_gossip(self, data: Any) -> dict[str, Any]:
@@ -217,6 +223,7 @@ class MembershipNode:
         sent = self.all_records() if records is None else records
         body = {"peer_id": self.peer_id, "records": [r.to_wire() for r in sent],
                 "nonce": new_nonce(), "pull": pull}  # fmt: skip
+        started = time.perf_counter()
         reply, moved = await exchange(
             self.http,
             url,
@@ -227,7 +234,13 @@ class MembershipNode:
             max_records=self.config.max_gossip_records,
         )
         self.bytes_moved += moved
+        self.note_latency(peer_id, (time.perf_counter() - started) * 1000)
         self._ingest(reply["records"], proven=(peer_id, url))
+
+    def note_latency(self, peer_id: str, ms: float, weight: float = 0.3) -> None:
+        """Fold one measured round trip into the peer's moving average."""
+        old = self.latency_ms.get(peer_id)
+        self.latency_ms[peer_id] = ms if old is None else old + weight * (ms - old)
 
     async def join(self, token: JoinToken) -> None:
         """Exchange tables with a seed, which must prove it holds the token's peer id."""

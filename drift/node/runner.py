@@ -1,5 +1,8 @@
 """Start and stop a node app on a port; run it until Ctrl+C / SIGTERM, then leave gracefully.
 
+Signals reach the loop through `install_stop_handlers`, which works where the loop has no
+`add_signal_handler` (Windows) too.
+
 Shared by `drift dht`, `drift server` and `drift up`. Binding tells the MembershipNode
 its real port, which starts its join and gossip.
 """
@@ -7,6 +10,7 @@ its real port, which starts its join and gossip.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from collections.abc import Awaitable, Callable
@@ -59,6 +63,43 @@ async def start_app(
     return RunningApp(runner, host, bound)
 
 
+STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGBREAK")  # SIGBREAK: Ctrl+Break on Windows
+
+
+def install_stop_handlers(
+    loop: asyncio.AbstractEventLoop, on_signal: Callable[[int], None]
+) -> Callable[[], None]:
+    """Call `on_signal(signum)` on the loop for SIGINT / SIGTERM (/ SIGBREAK); the undo.
+
+    `loop.add_signal_handler` where the loop has it (Unix); else (Windows' proactor loop
+    raises NotImplementedError) plain `signal.signal` handlers that hand the signal to the
+    loop thread-safely, restored by the returned undo.
+    """
+    sigs = [getattr(signal, name) for name in STOP_SIGNALS if hasattr(signal, name)]
+    try:
+        for sig in sigs:
+            loop.add_signal_handler(sig, on_signal, sig)
+    except (NotImplementedError, RuntimeError):
+        previous = {}
+        for sig in sigs:
+            with contextlib.suppress(OSError, ValueError):  # not settable on this platform
+                previous[sig] = signal.signal(
+                    sig, lambda signum, _frame: loop.call_soon_threadsafe(on_signal, signum)
+                )
+
+        def restore() -> None:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+        return restore
+
+    def remove() -> None:
+        for sig in sigs:
+            loop.remove_signal_handler(sig)
+
+    return remove
+
+
 def run_node(
     app: web.Application,
     host: str,
@@ -66,23 +107,34 @@ def run_node(
     *,
     on_started: Callable[[RunningApp], Awaitable[None] | None] | None = None,
 ) -> int:
-    """Serve `app` until SIGINT/SIGTERM, then stop gracefully. Returns the bound port."""
+    """Serve `app` until SIGINT/SIGTERM, then stop gracefully. Returns the bound port after
+    SIGTERM; raises KeyboardInterrupt after SIGINT (Ctrl+C), once the node has left."""
 
-    async def main() -> int:
+    async def main() -> tuple[int, int | None]:
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        running = await start_app(app, host, port)
-        try:
-            if on_started is not None:
-                result = on_started(running)
-                if asyncio.iscoroutine(result):
-                    await result
-            await stop.wait()
-            log.info("stopping (signal received): leaving the swarm")
-        finally:
-            await running.stop()
-        return running.port
+        received: list[int] = []
 
-    return asyncio.run(main())
+        def on_signal(signum: int) -> None:
+            received.append(signum)
+            stop.set()
+
+        undo = install_stop_handlers(asyncio.get_running_loop(), on_signal)
+        try:
+            running = await start_app(app, host, port)
+            try:
+                if on_started is not None:
+                    result = on_started(running)
+                    if asyncio.iscoroutine(result):
+                        await result
+                await stop.wait()
+                log.info("stopping (signal received): leaving the swarm")
+            finally:
+                await running.stop()
+        finally:
+            undo()
+        return running.port, (received[0] if received else None)
+
+    bound, signum = asyncio.run(main())
+    if signum is not None and signum != getattr(signal, "SIGTERM", None):
+        raise KeyboardInterrupt  # Ctrl+C: the caller exits as interrupted (130)
+    return bound

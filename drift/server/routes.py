@@ -22,6 +22,7 @@ from aiohttp import WSMsgType, web
 from drift.node.app import NODE
 from drift.node.body import AUTH_PROOF, read_body
 from drift.server.backend import SpanBackend
+from drift.server.metrics import tokens_of
 from drift.server.push import add_push_route
 from drift.server.state import BlockServer
 from drift.server.steps import serve_frame
@@ -120,6 +121,8 @@ async def _compute(
                              extras=backend.extra_spec)  # fmt: skip
     result = await run(backend, req)
     server.metrics.forward_latency.observe(time.perf_counter() - started)
+    server.metrics.processed(tokens_of(req.hidden_states), req.end_block - req.start_block,
+                             step=False)  # fmt: skip
     return _reply(result, is_json, wire)
 
 

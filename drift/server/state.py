@@ -111,14 +111,15 @@ class BlockServer:
         return self.describe().record_fields()
 
     async def housekeeping_loop(self, tick_s: float = 1.0) -> None:
-        last: tuple[int, int] | None = None
+        last: tuple[float, ...] | None = None
         tick = min(tick_s, max(self.config.session_timeout_s / 4, 0.05))
         while True:
             self.sessions.reap()
-            now = (self.budget.tokens_left, len(self.sessions.sessions))
+            load = self.metrics.load()  # steps/s and tokens/s, charted by the dashboard
+            now = (self.budget.tokens_left, len(self.sessions.sessions), *load.values())
             if self.announce is not None and now != last:
                 try:
-                    self.announce(cache_tokens_left=now[0], active_sessions=now[1])
+                    self.announce(cache_tokens_left=now[0], active_sessions=now[1], **load)
                 except Exception:  # announcing must never stop the reaper
                     log.exception("announce failed")
                 last = now

@@ -17,6 +17,7 @@ import torch
 from aiohttp import web
 
 from drift.node.membership import MembershipNode
+from drift.server.metrics import tokens_of
 from drift.server.push import check_member, forward_error
 from drift.wire.compress import WIRE_DTYPE, check_form, pack, unpack
 from drift.wire.errors import BadRequest, DriftError
@@ -87,6 +88,9 @@ async def serve_step(
         out_params.update(await _forward(server, node, params, tensors, reply, hops, wire))
     server.metrics.count("/inference:step", 200)
     server.metrics.step_latency.observe(time.perf_counter() - started)
+    opened = server.sessions.sessions.get(session_id)
+    blocks = opened.request.end_block - opened.request.start_block if opened is not None else 0
+    server.metrics.processed(tokens_of(req.hidden_states), blocks, step=True)
     with contextlib.suppress(ConnectionError, RuntimeError):  # the client may be gone
         await ws.send_bytes(encode_frame(out_params, out_tensors))
 

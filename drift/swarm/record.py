@@ -24,8 +24,8 @@ ROLES = ("server", "dht")
 MAX_RECORD_BYTES = 4096  # canonical JSON + signature; a real record is under 1 KiB
 MAX_ADDRS = 8  # addresses one record may announce
 MAX_ADAPTERS = 16  # LoRA adapter names one record may announce
-# fields a record carries only when set (records without them stay byte-identical)
-OPTIONAL_FIELDS = ("adapters",)
+# typed fields a record carries only when set (records without them stay byte-identical)
+TYPED_OPTIONAL = ("adapters",)
 
 _NUM = (int, float)
 # field -> (allowed python types, nullable)
@@ -48,6 +48,14 @@ _SCHEMA: dict[str, tuple[tuple[type, ...], bool]] = {
     "version": ((str,), False),
     "seq": ((int,), False),
     "expires_at": (_NUM, False),
+}
+# Fields a record may carry or leave out (older peers do not send them), signed like the
+# rest when present: a server's live load, which the dashboard charts. Kept in `extra`, so a
+# record without them re-encodes byte-exact.
+OPTIONAL_FIELDS: dict[str, str] = {
+    "steps_per_s": "inference steps per second over the last few seconds",
+    "tokens_per_s": "tokens (batch x length) per second through its span, same window",
+    "block_tokens_per_s": "tokens x the blocks each ran through, per second, same window",
 }
 
 
@@ -102,6 +110,11 @@ class PeerRecord:
             return False
         return verify_signature(self.peer_id, self.canonical(), sig)
 
+    def optional(self, name: str) -> float | None:
+        """An optional field (OPTIONAL_FIELDS), None when the record has none."""
+        value = dict(self.extra).get(name)
+        return float(value) if isinstance(value, _NUM) and not isinstance(value, bool) else None
+
     def serves(self, block: int) -> bool:
         return (
             self.state == "online"
@@ -143,8 +156,13 @@ class PeerRecord:
         signature = data.get("signature")
         if not isinstance(signature, str):
             raise BadRequest("membership record lacks a string 'signature'")
-        known = {*_SCHEMA, *OPTIONAL_FIELDS, "signature"}
+        known = {*_SCHEMA, *TYPED_OPTIONAL, "signature"}
         extra = tuple(sorted((k, v) for k, v in data.items() if k not in known))
+        for name, value in extra:
+            if name in OPTIONAL_FIELDS and (
+                not isinstance(value, _NUM) or isinstance(value, bool) or not value >= 0
+            ):
+                raise BadRequest(f"membership record field {name!r} must be a number >= 0")
         record = cls(**values, signature=signature, adapters=_adapters(data.get("adapters", [])),
                      extra=extra)  # fmt: skip
         size = len(record.canonical()) + len(signature)
@@ -229,11 +247,12 @@ def sign_record(identity: Identity, fields: dict[str, Any]) -> PeerRecord:
 
 
 def record_fields() -> tuple[str, ...]:
-    return (*_SCHEMA, *OPTIONAL_FIELDS)
+    return (*_SCHEMA, *TYPED_OPTIONAL, *OPTIONAL_FIELDS)
 
 
 __all__ = [
     "MAX_RECORD_BYTES",
+    "OPTIONAL_FIELDS",
     "PeerRecord",
     "canonical_bytes",
     "default_fields",

@@ -113,7 +113,7 @@ def test_stale_and_reused_records(tmp_path, popens):
     started.append(other)
     start = process_start_time(other.pid)
     assert start is not None
-    reused = ProcessRecord("dht", other.pid, start - 1, ["drift"], 4005, None, time.time())
+    reused = ProcessRecord("dht", other.pid, start - 10, ["drift"], 4005, None, time.time())
     (directory / reused.file_name()).write_text(json.dumps(reused.__dict__))
     (directory / "garbage.json").write_text("{not json")
 

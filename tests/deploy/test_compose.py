@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from drift.cli.main import build_parser
+from drift.cli.main import build_parser, parse_args
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"
@@ -36,12 +36,23 @@ def subcommands() -> dict[str, argparse.ArgumentParser]:
     return {}
 
 
+SEED_TOKEN = f"drift://{FAKE_PEER}@172.28.0.10:31337?tls=off"
+
+
 def full_argv(service: dict) -> list[str]:
-    """The arguments `drift` receives in this service (the join wrapper appends the seed)."""
-    argv = list(service["command"])
+    """The arguments `drift` receives in this service."""
+    return list(service["command"])
+
+
+def service_env(service: dict) -> dict[str, str]:
+    """The DRIFT_* environment `drift` sees in this service (the join wrapper adds the seed;
+    compose fills ${VAR:-default} from its own environment, here: the default)."""
+    env = {
+        k: str(v).split(":-")[-1].rstrip("}") for k, v in (service.get("environment") or {}).items()
+    }
     if service.get("entrypoint"):
-        argv += ["--initial_peers", f"drift://{FAKE_PEER}@172.28.0.10:31337?tls=off"]
-    return argv
+        env["DRIFT_INITIAL_PEERS"] = SEED_TOKEN
+    return env
 
 
 def test_compose_shape() -> None:
@@ -77,7 +88,9 @@ def test_compose_shape() -> None:
 def test_service_command_parses_with_real_cli(service: str) -> None:
     argv = full_argv(compose()["services"][service])
     assert argv[0] in subcommands(), f"{service}: no subcommand {argv[0]!r}"
-    args = build_parser().parse_args(argv)  # SystemExit (a failure) on an unknown flag
+    service_def = compose()["services"][service]
+    # flags, then DRIFT_* env, settled as `drift` does (SystemExit = failure on a bad flag)
+    args = parse_args(argv, env={"HOME": "/nonexistent", **service_env(service_def)})
     assert args.command == argv[0]
     assert callable(getattr(args, "func", None))
     if argv[0] in ("dht", "server", "up"):  # the node options resolve to a valid NodeConfig
@@ -95,7 +108,7 @@ def test_service_command_parses_with_real_cli(service: str) -> None:
         assert _check(args) is None, _check(args)
 
 
-def test_join_wrapper_appends_seed_token(tmp_path: Path) -> None:
+def test_join_wrapper_sets_the_seed_token(tmp_path: Path) -> None:
     if shutil.which("sh") is None:
         pytest.skip("no /bin/sh")
     service = compose()["services"]["server1"]
@@ -105,7 +118,9 @@ def test_join_wrapper_appends_seed_token(tmp_path: Path) -> None:
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "python").write_text(f"#!/bin/sh\necho {FAKE_PEER}\n")
-    (fake / "drift").write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n')
+    (fake / "drift").write_text(
+        '#!/bin/sh\nfor a in "$@"; do echo "$a"; done\necho "PEERS=$DRIFT_INITIAL_PEERS"\n'
+    )
     for prog in fake.iterdir():
         prog.chmod(0o755)
     env = {**os.environ, "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}"}
@@ -117,7 +132,15 @@ def test_join_wrapper_appends_seed_token(tmp_path: Path) -> None:
         timeout=30,
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == full_argv(service)
+    assert proc.stdout.splitlines() == [*full_argv(service), f"PEERS={SEED_TOKEN}"]
+    assert "DRIFT_INITIAL_PEERS" in script and "--initial_peers" not in script
+
+
+def test_no_secrets_or_peers_in_commands() -> None:
+    for name, svc in compose()["services"].items():
+        for flag in ("--api_key", "--swarm_key", "--initial_peers", "--join"):
+            assert flag not in svc["command"], f"{name}: {flag} belongs in the environment"
+    assert "DRIFT_API_KEY" in compose()["services"]["api"]["environment"]
 
 
 def test_docker_compose_config() -> None:

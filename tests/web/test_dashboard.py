@@ -7,7 +7,7 @@ a reload; a server's row shows what its /blocks says (dtype, cache in use, sessi
 follows an inference session opening and closing; a non-seed node's page shows the same
 swarm; a private swarm asks for its key. Skipped when /usr/bin/chromium is absent
 (scripts/ci_system_deps.sh installs it). DRIFT_DASHBOARD_PNG=<path> also writes the
-1280 px screenshot there (how docs/dashboard.png is made).
+1280 px screenshot there (docs/dashboard.png comes from scripts/dashboard_screenshot.py).
 """
 
 from __future__ import annotations
