@@ -1,5 +1,6 @@
-"""Server-to-server push (drift.wire.push): which socket each session replies on, the links
-this server pushes over, and the /push WebSocket other servers push into.
+"""Server-to-server push (drift.wire.push): which socket each session replies on and the
+links this server pushes over (the /push WebSocket other servers push into is
+drift.server.push_route).
 
 A step that names `next` hops runs here, then goes on to the first hop over a persistent
 WebSocket to its /push (authenticated with the swarm key like any call, TLS bound to its
@@ -13,25 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
-import orjson
 from aiohttp import WSMsgType, web
 
-from drift.node.app import NODE
 from drift.node.membership import MembershipNode
 from drift.swarm.dial import peer_ssl
 from drift.wire.auth import auth_headers
-from drift.wire.errors import BadRequest, Busy, DriftError, PushRefused, UnknownSession
-from drift.wire.frames import decode_frame
-from drift.wire.messages import ErrorMessage
-from drift.wire.push import NextHop, pushed_session
-
-if TYPE_CHECKING:
-    from drift.server.state import BlockServer
+from drift.wire.errors import PushRefused
+from drift.wire.push import NextHop
 
 log = logging.getLogger(__name__)
 PUSH_PATH = "/push"
@@ -149,69 +142,6 @@ def _retrieved(task: asyncio.Task[Any]) -> None:
     """A background link opening's failure, logged (not left unretrieved)."""
     if not task.cancelled() and task.exception() is not None:
         log.info("push link failed to open: %r", task.exception())
-
-
-def add_push_route(app: web.Application, server: BlockServer) -> None:
-    """Mount /push (incoming links) and close the outgoing links at shutdown."""
-    app.router.add_get(PUSH_PATH, functools.partial(_push_socket, server))
-
-    async def _close_links(app: web.Application) -> None:
-        await server.push.links.close()
-
-    app.on_shutdown.append(_close_links)
-
-
-async def _push_socket(server: BlockServer, request: web.Request) -> web.WebSocketResponse:
-    """One link from another server: binary pushed steps in; errors about steps it cannot
-    place (an unknown session) go back as text. Counted against max_sockets."""
-    if len(server.sockets) >= server.config.max_sockets:
-        raise Busy(f"this server has {len(server.sockets)} sockets open (limit "
-                   f"max_sockets={server.config.max_sockets}); retry shortly")  # fmt: skip
-    node = request.app[NODE]
-    ws = web.WebSocketResponse(max_msg_size=server.config.max_body_bytes)
-    await ws.prepare(request)
-    server.sockets.add(ws)
-    running: set[asyncio.Task[None]] = set()
-    timeout = node.config.idle_timeout_s + server.config.session_timeout_s
-    try:
-        while not ws.closed:
-            try:
-                msg = await ws.receive(timeout=timeout)
-            except asyncio.TimeoutError:
-                await ws.close(code=1001, message=b"idle")
-                break
-            if msg.type == WSMsgType.BINARY:
-                task = asyncio.create_task(_pushed(server, node, ws, msg.data))
-                running.add(task)
-                task.add_done_callback(running.discard)
-            elif msg.type == WSMsgType.TEXT:
-                await _say(ws, BadRequest("a push link carries binary step frames only"))
-            else:
-                break
-    finally:
-        server.sockets.discard(ws)
-    return ws
-
-
-async def _pushed(server: BlockServer, node: MembershipNode, link: web.WebSocketResponse,
-                  data: bytes) -> None:  # fmt: skip
-    from drift.server.steps import serve_step  # steps imports this module
-
-    try:
-        params, tensors = decode_frame(data)
-        session_id = pushed_session(params)
-        client = server.push.sockets.get(session_id)
-        if client is None:
-            raise UnknownSession(f"session {session_id} has no open socket here")
-    except DriftError as exc:
-        await _say(link, exc)
-        return
-    await serve_step(server, node, client, session_id, params, tensors, pushed=True)
-
-
-async def _say(ws: web.WebSocketResponse, exc: DriftError) -> None:
-    with contextlib.suppress(ConnectionError, RuntimeError):
-        await ws.send_str(orjson.dumps(ErrorMessage(exc.code, exc.message).to_wire()).decode())
 
 
 def forward_error(hop: NextHop, exc: BaseException) -> str:

@@ -23,7 +23,7 @@ from drift.node.app import NODE
 from drift.node.body import AUTH_PROOF, read_body
 from drift.server.backend import SpanBackend
 from drift.server.metrics import tokens_of
-from drift.server.push import add_push_route
+from drift.server.push_route import add_push_route
 from drift.server.state import BlockServer
 from drift.server.steps import serve_frame
 from drift.wire.checks import ACTIVATION_DTYPES
