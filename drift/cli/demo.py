@@ -9,11 +9,14 @@ server ran which blocks, the tokens/s and the dashboard URL, and stops what it s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from drift.cli._exits import UsageError
@@ -63,6 +66,20 @@ def _start(args: list[str], env: dict[str, str], log_dir: Path, i: int) -> subpr
                             stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
 
 
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold SIGINT / SIGTERM until the block ends (where the platform can: POSIX)."""
+    sigs = {signal.SIGINT, signal.SIGTERM}
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def _wait_token(proc: subprocess.Popen[bytes], cache: Path, deadline: float) -> str:
     """The join token of the `drift up` process `proc`, from its process record."""
     while time.monotonic() < deadline:
@@ -108,7 +125,10 @@ def run(args: argparse.Namespace) -> int:
                 cmd += ["--join", token]
             print(f"starting server {i + 1}/{len(spans)} on blocks [{start}, {end}) "
                   f"(log: {work / f'server-{i}.log'}) ...", flush=True)  # fmt: skip
-            procs.append(_start(cmd, env, work, i))
+            # Ctrl+C while the server starts (exec) would orphan it: held until it is in `procs`
+            # (the server's `drift` unblocks them first thing: drift.cli.main)
+            with signals_held():
+                procs.append(_start(cmd, env, work, i))
             token = token or _wait_token(procs[0], cache, deadline)
         for p in procs[1:]:
             _wait_token(p, cache, deadline)

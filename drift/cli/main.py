@@ -12,6 +12,7 @@ import argparse
 import importlib
 import logging
 import os
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -103,8 +104,16 @@ def configure_logging(level: str) -> None:
     )
 
 
+def unblock_stop_signals() -> None:
+    """Take SIGINT / SIGTERM even if the parent held them when it started us (drift demo
+    holds them while it starts a server, so that Ctrl+C cannot orphan the new process)."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    unblock_stop_signals()
     try:
         args = parse_args(argv)
     except UsageError as exc:

@@ -39,15 +39,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def format_members(records: Sequence[PeerRecord], *, now: float | None = None) -> list[str]:
     now = time.time() if now is None else now
     rows = [("peer", "address", "role", "blocks", "state", "weights", "throughput", "cache left",
-             "sessions")]  # fmt: skip
+             "sessions", "tokens/s")]  # fmt: skip
     for rec in sorted(records, key=lambda r: (r.span is None, r.start_block or 0)):
         span = format_span(*rec.span) if rec.span is not None else "-"
         state = rec.state + (" (expired)" if rec.expires_at < now else "")
         rows.append((_short(rec.peer_id), ", ".join(rec.addrs) or "-", rec.role, span, state,
                      weights_label(rec), f"{rec.throughput:.1f}",
                      f"{rec.cache_tokens_left}/{rec.cache_tokens_total}",
-                     str(rec.active_sessions)))  # fmt: skip
+                     str(rec.active_sessions), load_label(rec)))  # fmt: skip
     return _table(rows)
+
+
+def load_label(rec: PeerRecord) -> str:
+    """The tokens/s a server announces (its live load), or '-' (dht nodes, older servers)."""
+    tps = rec.optional("tokens_per_s")
+    return "-" if tps is None else f"{tps:.1f}"
 
 
 def weights_label(rec: PeerRecord) -> str:

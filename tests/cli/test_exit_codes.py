@@ -245,6 +245,19 @@ def test_sigint_while_loading_exits_130(tmp_path: Path, command: str) -> None:
     out = rest_of(proc)
     assert code == 130, out
     assert "Traceback" not in out and f"drift {command}: interrupted" in out
+    # nothing it started outlives it (drift demo's servers run with --cache_dir tmp_path)
+    import psutil
+
+    left = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if str(tmp_path) in " ".join(p.info["cmdline"] or []) and p.pid != proc.popen.pid:
+                left.append(p)
+        except psutil.Error:
+            continue
+    for p in left:
+        p.kill()
+    assert not left, [p.info["cmdline"] for p in left]
 
 
 def test_sigint_while_down_waits_exits_130(tmp_path: Path) -> None:

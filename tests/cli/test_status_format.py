@@ -55,3 +55,14 @@ def test_format_members_names_lora_adapters():
     rec = make_record(span=(0, 2), expires_at=300.0, adapters=["chat", "sql"])
     header, row = format_members([rec], now=200.0)
     assert " float32 +lora:chat,sql " in row
+
+
+def test_format_members_shows_live_tokens_per_s():
+    import dataclasses
+
+    busy = dataclasses.replace(make_record(span=(0, 2), expires_at=300.0),
+                               extra=(("tokens_per_s", 12.5),))  # fmt: skip
+    quiet = make_record(span=(2, 4), expires_at=300.0)  # an older server: no load field
+    header, *rows = format_members([busy, quiet], now=200.0)
+    assert header.split()[-1] == "tokens/s"
+    assert [row.split()[-1] for row in rows] == ["12.5", "-"]
