@@ -72,7 +72,7 @@ class InferenceSession:
         self.spans: list[SpanState] = []
         self.closed = False
         self.failovers = 0
-        self.push_off = False  # a push failed or was refused: steps are relayed
+        self.push_off = False  # a push was refused: steps are relayed until a failover
         self.pushed = 0  # span replies that came by server push (not sent by us)
 
     def __enter__(self) -> InferenceSession:
@@ -256,8 +256,8 @@ class InferenceSession:
                 await self._failover(i, exc)
                 continue  # retry the same index: now the replacement's first span
             self.pushed += i in awaited and i != min(awaited)
-            if pushed is not True:  # the chain stopped here: relay the rest
-                self.push_off, awaited = True, {}
+            if pushed is not True:  # the chain stopped here: relay the rest of this step
+                awaited = {}
             started = time.perf_counter()
             span.history.append(inputs)
             if states:
@@ -270,8 +270,8 @@ class InferenceSession:
     def _pushing(self, index: int, step: StepInputs, states: bool) -> bool:
         """Whether the step goes from span `index` on by server push: only a plain step
         (no block states, deep prompts, per-layer inputs, keys/values shared across spans or
-        LoRA weights not yet sent: the client routes those) with spans after it, while no
-        push failed."""
+        LoRA weights not yet sent: the client routes those) with spans after it, unless a
+        push was refused."""
         if not self.client.config.push or self.push_off or index + 1 >= len(self.spans):
             return False
         if states or step.prompts is not None or step.per_layer is not None:

@@ -28,8 +28,8 @@ from drift.wire.push import NextHop
 
 log = logging.getLogger(__name__)
 PUSH_PATH = "/push"
-CONNECT_TIMEOUT_S = 5.0  # opening a link to the next server (in the background past WAIT_S)
-WAIT_S = 0.5  # how long a step's reply waits for its push: then it is relayed from there
+CONNECT_TIMEOUT_S = 5.0  # opening a link to the next server (in the background)
+WAIT_S = 0.5  # how long a step's reply waits for its push to be sent on a kept link
 
 
 class PushHub:
@@ -79,28 +79,34 @@ class PeerLinks:
     def __init__(self) -> None:
         self._links: dict[tuple[str, str], aiohttp.ClientWebSocketResponse] = {}
         self._opening: dict[tuple[str, str], asyncio.Lock] = {}
+        self._opening_tasks: dict[tuple[str, str], asyncio.Task[Any]] = {}
         self._readers: set[asyncio.Task[None]] = set()
 
     async def send(self, node: MembershipNode, hop: NextHop, data: bytes) -> None:
-        """Send one frame to `hop` (a fresh link if the kept one broke) within WAIT_S, so the
-        client's reply never waits long; raises on failure. A link still opening then keeps
-        opening in the background, for later steps (this one is not sent)."""
-        for attempt in (0, 1):
-            opening = asyncio.ensure_future(self._link(node, hop))
-            try:
-                ws = await asyncio.wait_for(asyncio.shield(opening), WAIT_S)
-            except asyncio.TimeoutError:
-                opening.add_done_callback(_retrieved)
-                raise TimeoutError(
-                    f"the link was not up within {WAIT_S} s (still opening)"
-                ) from None
-            try:
-                await asyncio.wait_for(ws.send_bytes(data), WAIT_S)
-                return
-            except (aiohttp.ClientError, ConnectionError, RuntimeError):
-                await ws.close()
-                if attempt:
-                    raise
+        """Send one frame to `hop` over the kept link, within WAIT_S; raises if there is none
+        yet or it broke (then one is opened in the background, for later steps: the reply to
+        the client never waits for a handshake)."""
+        key = (hop.addr, hop.peer_id)
+        ws = self._links.get(key)
+        if ws is None or ws.closed:
+            self._open_soon(node, hop)
+            raise ConnectionError("no link to it yet (opening one for the next steps)")
+        try:
+            await asyncio.wait_for(ws.send_bytes(data), WAIT_S)
+        except (aiohttp.ClientError, ConnectionError, RuntimeError, asyncio.TimeoutError):
+            await ws.close()
+            if self._links.get(key) is ws:
+                del self._links[key]
+            self._open_soon(node, hop)
+            raise
+
+    def _open_soon(self, node: MembershipNode, hop: NextHop) -> None:
+        key = (hop.addr, hop.peer_id)
+        task = self._opening_tasks.get(key)
+        if task is None or task.done():
+            task = asyncio.create_task(self._link(node, hop))
+            task.add_done_callback(_retrieved)
+            self._opening_tasks[key] = task
 
     async def _link(self, node: MembershipNode, hop: NextHop) -> aiohttp.ClientWebSocketResponse:
         key = (hop.addr, hop.peer_id)
@@ -134,7 +140,7 @@ class PeerLinks:
             with contextlib.suppress(Exception):
                 await ws.close()
         self._links.clear()
-        for task in list(self._readers):
+        for task in [*self._readers, *self._opening_tasks.values()]:
             task.cancel()
 
 
