@@ -33,6 +33,9 @@ class ClientConfig:
     # tokens per row of one inference message: a longer step (a long prompt) is sent in
     # chunks, pipelined along the chain of servers (0: one message, whatever its size)
     prefill_chunk_tokens: int = 512
+    # bytes of hidden states per /forward (and its /backward): a bigger batch goes as groups
+    # of rows, each its own chain of requests, all at once (0: one request, whatever its size)
+    forward_chunk_bytes: int = 16 << 20
     compress_min_bytes: int = 1 << 20  # zstd-compress frames bigger than this (0 = never)
     swarm_key: str | None = field(default=None, repr=False)  # private swarm secret; None: open
     cache_headroom_tokens: int = 256  # tokens a forward's remote cache reserves past its

@@ -3,13 +3,15 @@
 `layers[3:7](hidden)` runs blocks 3..6 on whichever servers hold them; gradients flow back
 through POST /backward by an autograd Function (to the inputs, deep prompts, Gemma 4's
 per-layer inputs and the LoRA weights of `lora` (drift.client.lora), sent with every
-request; the keys/values Gemma 4 shares between hops stay inside the chain).
+request; the keys/values Gemma 4 shares between hops stay inside the chain). A big batch
+goes as groups of rows (`forward_chunk_bytes`), each its own chain, all at once.
 Tensors on any device go to the wire from the CPU and come back to where they came from.
 As in Petals, `RemoteSequential(config)` (AutoDistributedConfig) builds its own client.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import torch
@@ -31,7 +33,26 @@ def _back(tensor: torch.Tensor | None, like: torch.Tensor | None) -> torch.Tenso
     return None if tensor is None or like is None else tensor.to(like.device, like.dtype)
 
 
+def row_groups(shape: torch.Size, chunk_bytes: int) -> list[slice]:
+    """Consecutive rows of a [B, T, H] float32 batch, each group's hidden states at most
+    `chunk_bytes` (at least one row; 0: one group)."""
+    batch, per_row = shape[0], int(shape[1]) * int(shape[2]) * 4
+    rows = batch if chunk_bytes <= 0 else max(1, chunk_bytes // max(per_row, 1))
+    return [slice(a, min(batch, a + rows)) for a in range(0, batch, rows)]
+
+
+def _rows(tensor: torch.Tensor | None, rows: slice, dim: int = 0) -> torch.Tensor | None:
+    """`tensor`'s rows `rows` along `dim`; a tensor shared by every row (size 1) as is."""
+    if tensor is None or tensor.shape[dim] == 1:
+        return tensor
+    return tensor.narrow(dim, rows.start, rows.stop - rows.start)
+
+
 class _RemoteChain(torch.autograd.Function):
+    """Rows in groups of at most `ClientConfig.forward_chunk_bytes` of hidden states, each
+    its own chain of /forward (and /backward) requests, all at once: a group is on server 2
+    while the next is on server 1, and no body outgrows a server's limit."""
+
     @staticmethod
     def forward(  # type: ignore[override]
         ctx: Any, hidden: torch.Tensor, prompts: torch.Tensor | None,
@@ -41,37 +62,76 @@ class _RemoteChain(torch.autograd.Function):
     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         client = seq.client
         wire = (_cpu(prompts), _cpu(per_layer), _cpu(attention_mask))
-        out, trace = client.run(
-            client.forward(hidden.detach().to("cpu"), seq.start_block, seq.end_block,
-                           attention_mask=wire[2], prompts=wire[0], per_layer=wire[1],
-                           states=states,
-                           lora={n: t.detach().to("cpu")
-                                 for n, t in zip(lora_names, lora, strict=True)})
-        )  # fmt: skip
-        ctx.seq, ctx.trace, ctx.wire, ctx.inputs = seq, trace, wire, (hidden, prompts, per_layer)
+        cpu = hidden.detach().to("cpu")
+        groups = row_groups(cpu.shape, client.config.forward_chunk_bytes)
+        weights = {n: t.detach().to("cpu") for n, t in zip(lora_names, lora, strict=True)}
+
+        async def run_all() -> list[Any]:
+            return await asyncio.gather(*(
+                client.forward(cpu[g], seq.start_block, seq.end_block,
+                               attention_mask=_rows(wire[2], g), prompts=_rows(wire[0], g, 1),
+                               per_layer=_rows(wire[1], g), states=states, lora=weights)
+                for g in groups
+            ))  # fmt: skip
+
+        results = client.run(run_all())
+        ctx.seq, ctx.groups, ctx.wire = seq, groups, wire
+        ctx.traces = [trace for _, trace in results]
+        ctx.inputs = (hidden, prompts, per_layer)
         ctx.lora = (lora_names, lora)
+        out = torch.cat([o for o, _ in results], dim=0)
         block_states = (
-            torch.cat([t.states for t in trace if t.states is not None], dim=2)  # [B, T, n, H]
+            torch.cat([torch.cat([t.states for t in trace if t.states is not None], dim=2)
+                       for trace in ctx.traces], dim=0)  # [B, T, n, H]
             if states
             else hidden.new_empty(0)
-        )
+        )  # fmt: skip
         ctx.mark_non_differentiable(block_states)
         return out.to(hidden.device, hidden.dtype), block_states.to(hidden.device, hidden.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor, _: Any) -> tuple[Any, ...]:  # type: ignore[override]
         seq: RemoteSequential = ctx.seq
+        client = seq.client
         prompts, per_layer, mask = ctx.wire
-        grad_in, grad_prompts, grad_per_layer, named = seq.client.run(
-            seq.client.backward(ctx.trace, grad.to("cpu").contiguous(), seq.start_block,
-                                attention_mask=mask, prompts=prompts, per_layer=per_layer)
-        )  # fmt: skip
-        hidden, prompts_in, per_layer_in = ctx.inputs
+        grad = grad.to("cpu").contiguous()
+
+        async def run_all() -> list[Any]:
+            return await asyncio.gather(*(
+                client.backward(trace, grad[g], seq.start_block, attention_mask=_rows(mask, g),
+                                prompts=_rows(prompts, g, 1), per_layer=_rows(per_layer, g))
+                for g, trace in zip(ctx.groups, ctx.traces, strict=True)
+            ))  # fmt: skip
+
+        results = client.run(run_all())
+        grad_in = torch.cat([r[0] for r in results], dim=0)
+        grad_prompts = _merge([r[1] for r in results], prompts, dim=1)
+        grad_per_layer = _merge([r[2] for r in results], per_layer, dim=0)
         lora_names, lora = ctx.lora
+        named: dict[str, torch.Tensor] = {}  # LoRA weights' gradients: every row shares them
+        for name in lora_names:
+            parts = [r[3][name] for r in results if name in r[3]]
+            if parts:
+                named[name] = torch.stack(parts).sum(dim=0)
+        hidden, prompts_in, per_layer_in = ctx.inputs
         return (_back(grad_in, hidden), _back(grad_prompts, prompts_in),
                 _back(grad_per_layer, per_layer_in), None, None, None, None,
                 *(_back(named.get(n), t)
                   for n, t in zip(lora_names, lora, strict=True)))  # fmt: skip
+
+
+def _merge(parts: list[torch.Tensor | None], given: torch.Tensor | None,
+           dim: int) -> torch.Tensor | None:  # fmt: skip
+    """Row groups' gradients w.r.t. an input: concatenated along its rows, or summed when
+    every row shared it (size 1 there)."""
+    if given is None or any(p is None for p in parts):
+        return None
+    tensors = [p for p in parts if p is not None]
+    if len(tensors) == 1:
+        return tensors[0]
+    if given.shape[dim] == 1:
+        return torch.stack(tensors).sum(dim=0)
+    return torch.cat(tensors, dim=dim)
 
 
 class RemoteSequential(nn.Module):

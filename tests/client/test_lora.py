@@ -10,6 +10,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
+from drift.client import ClientConfig
 from drift.wire.errors import BadRequest, MissingBlocks
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -144,17 +145,7 @@ async def test_lora_training_matches_local_peft(tiny_dirs, tmp_path, swarms, sdk
                                    for a, b in zip(model.lora.lora_A, model.lora.lora_B, strict=True)]  # fmt: skip
 
     loss, grads = await asyncio.to_thread(remote)
-    ref.train()
-    ref_out = ref(input_ids=IDS, attention_mask=mask, labels=IDS)
-    ref_out.loss.backward()
-    assert abs(loss.item() - ref_out.loss.item()) < 1e-4
-    params = dict(ref.named_parameters())
-    for (g_a, g_b), name in zip(grads, model.lora.full_names, strict=True):
-        want_a = params[f"base_model.model.{name}.lora_A.default.weight"].grad
-        want_b = params[f"base_model.model.{name}.lora_B.default.weight"].grad
-        assert want_a.abs().max() > 0 and want_b.abs().max() > 0, name
-        assert (g_a - want_a).abs().max() < 1e-4, name
-        assert (g_b - want_b).abs().max() < 1e-4, name
+    _assert_grads_like_peft(ref, mask, loss, grads, model.lora.full_names)
 
     # a step of plain SGD, then: the saved adapter is what peft and --adapters read
     def train_and_save():
@@ -177,6 +168,43 @@ async def test_lora_training_matches_local_peft(tiny_dirs, tmp_path, swarms, sdk
     again = await sdk_models.open(model_dir, served.token, active_adapter="trained")
     got = await asyncio.to_thread(lambda: again(IDS).logits.detach())
     assert (got - want).abs().max() < 1e-4
+
+
+def _assert_grads_like_peft(ref, mask, loss, grads, names) -> None:
+    """The loss and every LoRA A/B gradient within 1e-4 of the local peft model's."""
+    ref.train()
+    ref_out = ref(input_ids=IDS, attention_mask=mask, labels=IDS)
+    ref_out.loss.backward()
+    assert abs(loss.item() - ref_out.loss.item()) < 1e-4
+    params = dict(ref.named_parameters())
+    for (g_a, g_b), name in zip(grads, names, strict=True):
+        want_a = params[f"base_model.model.{name}.lora_A.default.weight"].grad
+        want_b = params[f"base_model.model.{name}.lora_B.default.weight"].grad
+        assert want_a.abs().max() > 0 and want_b.abs().max() > 0, name
+        assert (g_a - want_a).abs().max() < 1e-4, name
+        assert (g_b - want_b).abs().max() < 1e-4, name
+
+
+async def test_lora_gradients_sum_over_row_groups(tiny_dirs, tmp_path, swarms, sdk_models):
+    """A batch sent as groups of one row each (forward_chunk_bytes=1): every group carries
+    the same LoRA weights, their gradients summed equal peft's on the whole batch."""
+    model_dir = tiny_dirs("llama")
+    ref = _peft_adapter(model_dir, tmp_path / "init")
+    swarm = await swarms.start(model_dir, [(0, 2), (2, 4)])
+    model = await sdk_models.open(model_dir, swarm.token, tuning_mode="lora",
+                                  lora_config=LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS),
+                                  client_config=ClientConfig(forward_chunk_bytes=1))  # fmt: skip
+    _copy_from_peft(model, ref)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]])
+
+    def remote():
+        out = model(IDS, attention_mask=mask, labels=IDS)
+        out.loss.backward()
+        return out.loss.detach(), [(a.grad.clone(), b.grad.clone())
+                                   for a, b in zip(model.lora.lora_A, model.lora.lora_B, strict=True)]  # fmt: skip
+
+    loss, grads = await asyncio.to_thread(remote)
+    _assert_grads_like_peft(ref, mask, loss, grads, model.lora.full_names)
 
 
 async def test_lora_survives_failover(tiny_dirs, tmp_path, swarms, sdk_models):

@@ -138,7 +138,8 @@ def test_sigkill_mid_generate_with_a_replica_then_restart(swarm, model, referenc
         killed.append(victim)
 
     assert torch.equal(generate(model, kill_in_use), reference)
-    assert killed and model.client.bans.is_banned(killed[0].peer_id)
+    # the killed peer's failure was recorded (its ban itself may have run out by now)
+    assert killed and model.client.bans.failures(killed[0].peer_id) >= 1
     (victim,) = killed
     victim.start()  # same identity file, same port: the same join token
     wait_online(swarm.seed.token, {victim.peer_id})
