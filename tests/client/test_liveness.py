@@ -7,18 +7,9 @@ import asyncio
 import threading
 
 import torch
-from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
+from transformers import AutoModelForCausalLM, LogitsProcessorList
 
-
-class _At(LogitsProcessor):
-    def __init__(self, at: int, action) -> None:
-        self.calls, self.at, self.action = 0, at, action
-
-    def __call__(self, input_ids, scores):
-        self.calls += 1
-        if self.calls == self.at:
-            self.action()
-        return scores
+from tests.client.faults import AtStep
 
 
 def freeze(span, released: threading.Event) -> threading.Event:
@@ -54,7 +45,7 @@ async def test_frozen_server_is_left_within_a_few_step_times(tiny_dirs, swarm_mo
     try:
         out = await asyncio.to_thread(
             model.generate, ids, max_new_tokens=24, do_sample=False,
-            logits_processor=LogitsProcessorList([_At(12, freeze_the_one_in_use)]),
+            logits_processor=LogitsProcessorList([AtStep(12, freeze_the_one_in_use)]),
         )  # fmt: skip
     finally:
         released.set()

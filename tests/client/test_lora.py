@@ -138,13 +138,7 @@ async def test_lora_training_matches_local_peft(tiny_dirs, tmp_path, swarms, sdk
     _copy_from_peft(model, ref)
     mask = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]])
 
-    def remote():
-        out = model(IDS, attention_mask=mask, labels=IDS)
-        out.loss.backward()
-        return out.loss.detach(), [(a.grad.clone(), b.grad.clone())
-                                   for a, b in zip(model.lora.lora_A, model.lora.lora_B, strict=True)]  # fmt: skip
-
-    loss, grads = await asyncio.to_thread(remote)
+    loss, grads = await asyncio.to_thread(_lora_step, model, mask)
     _assert_grads_like_peft(ref, mask, loss, grads, model.lora.full_names)
 
     # a step of plain SGD, then: the saved adapter is what peft and --adapters read
@@ -168,6 +162,14 @@ async def test_lora_training_matches_local_peft(tiny_dirs, tmp_path, swarms, sdk
     again = await sdk_models.open(model_dir, served.token, active_adapter="trained")
     got = await asyncio.to_thread(lambda: again(IDS).logits.detach())
     assert (got - want).abs().max() < 1e-4
+
+
+def _lora_step(model, mask):
+    """Loss of IDS on `model` and, after its backward, each LoRA module's (A, B) gradients."""
+    out = model(IDS, attention_mask=mask, labels=IDS)
+    out.loss.backward()
+    return out.loss.detach(), [(a.grad.clone(), b.grad.clone())
+                               for a, b in zip(model.lora.lora_A, model.lora.lora_B, strict=True)]  # fmt: skip
 
 
 def _assert_grads_like_peft(ref, mask, loss, grads, names) -> None:
@@ -197,13 +199,7 @@ async def test_lora_gradients_sum_over_row_groups(tiny_dirs, tmp_path, swarms, s
     _copy_from_peft(model, ref)
     mask = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]])
 
-    def remote():
-        out = model(IDS, attention_mask=mask, labels=IDS)
-        out.loss.backward()
-        return out.loss.detach(), [(a.grad.clone(), b.grad.clone())
-                                   for a, b in zip(model.lora.lora_A, model.lora.lora_B, strict=True)]  # fmt: skip
-
-    loss, grads = await asyncio.to_thread(remote)
+    loss, grads = await asyncio.to_thread(_lora_step, model, mask)
     _assert_grads_like_peft(ref, mask, loss, grads, model.lora.full_names)
 
 

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
+from transformers import AutoModelForCausalLM, LogitsProcessorList
 
 from drift.client import AutoDistributedModelForCausalLM, ClientConfig
+from tests.client.faults import AtStep
 from tests.faults.procs import dht, server, wait_online
 from tests.tiny_models import save_tiny
 
@@ -74,17 +75,6 @@ def net() -> Iterator[Net]:
         n.close()
 
 
-class _At(LogitsProcessor):
-    def __init__(self, at: int, action) -> None:
-        self.calls, self.at, self.action = 0, at, action
-
-    def __call__(self, input_ids, scores):
-        self.calls += 1
-        if self.calls == self.at:
-            self.action()
-        return scores
-
-
 def test_link_down_mid_generation_fails_over_and_comes_back(net: Net, tmp_path: Path) -> None:
     model_dir = save_tiny("llama", tmp_path / "tiny-llama")
     ids = torch.tensor([[2, 7, 1, 8, 2, 8]])
@@ -117,7 +107,7 @@ def test_link_down_mid_generation_fails_over_and_comes_back(net: Net, tmp_path: 
             net.link(up=False)
             cut.append(time.monotonic())
 
-        hooks = LogitsProcessorList([_At(3, bring_up_the_replica), _At(6, cut_the_link)])
+        hooks = LogitsProcessorList([AtStep(3, bring_up_the_replica), AtStep(6, cut_the_link)])
         out = model.generate(ids, max_new_tokens=16, do_sample=False, logits_processor=hooks)
         assert cut
         assert torch.equal(out, ref)

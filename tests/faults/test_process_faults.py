@@ -23,12 +23,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
+from transformers import AutoModelForCausalLM, LogitsProcessorList
 
 from drift.client import AutoDistributedModelForCausalLM, ClientConfig
 from drift.client import transport as client_transport
 from drift.swarm.reader import read_swarm_blocking
 from drift.wire.errors import MissingBlocks
+from tests.client.faults import AtStep
 from tests.faults.procs import RECORD_TTL_S, Member, dht, server, wait_online
 from tests.tiny_models import save_tiny
 
@@ -104,26 +105,13 @@ def model(swarm: Swarm) -> Iterator[AutoDistributedModelForCausalLM]:
         m.close()
 
 
-class _At(LogitsProcessor):
-    """Calls `action` when generation reaches its `at`-th step."""
-
-    def __init__(self, at: int, action) -> None:
-        self.calls, self.at, self.action = 0, at, action
-
-    def __call__(self, input_ids, scores):
-        self.calls += 1
-        if self.calls == self.at:
-            self.action()
-        return scores
-
-
 def in_use(model, start: int) -> str:
     """Peer id of the span starting at `start` in this thread's running generate()."""
     return next(s.hop.peer_id for s in model._owned[0].session.spans if s.hop.start_block == start)
 
 
 def generate(model, action=None, at: int = 6) -> torch.Tensor:
-    procs = LogitsProcessorList([_At(at, action)]) if action else None
+    procs = LogitsProcessorList([AtStep(at, action)]) if action else None
     return model.generate(IDS, max_new_tokens=NEW, do_sample=False, logits_processor=procs)
 
 

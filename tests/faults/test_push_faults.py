@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
+from transformers import AutoModelForCausalLM, LogitsProcessorList
 
 from drift.client import AutoDistributedModelForCausalLM, ClientConfig
+from tests.client.faults import AtStep
 from tests.faults.procs import Member, dht, server, wait_online
 from tests.tiny_models import save_tiny
 
@@ -21,17 +22,6 @@ IDS = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
 NEW = 12
 CONFIG = ClientConfig(swarm_refresh_s=0.2, ban_base_s=0.3, ban_max_s=1.0, max_retries=6,
                       min_step_timeout_s=1.0, connect_timeout_s=2.0)  # fmt: skip
-
-
-class _At(LogitsProcessor):
-    def __init__(self, at: int, action) -> None:
-        self.calls, self.at, self.action = 0, at, action
-
-    def __call__(self, input_ids, scores):
-        self.calls += 1
-        if self.calls == self.at:
-            self.action()
-        return scores
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +65,7 @@ def test_sigkill_of_the_middle_server_while_pushing(members):
         next(m for m in servers if m.peer_id == middle).kill()
 
     try:
-        procs = LogitsProcessorList([_At(6, kill_the_middle)])
+        procs = LogitsProcessorList([AtStep(6, kill_the_middle)])
         out = model.generate(IDS, max_new_tokens=NEW, do_sample=False, logits_processor=procs)
         session = seen["session"]
         assert torch.equal(out, reference)
