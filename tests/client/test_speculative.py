@@ -9,7 +9,7 @@ import asyncio
 
 import torch
 
-from tests.client.test_push import SPANS, wait_all_know_each_other
+from tests.client.push_helpers import SPANS, wait_all_know_each_other
 from tests.server.reference import load_reference
 from tests.tiny_models import build_tiny
 

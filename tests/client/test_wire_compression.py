@@ -14,7 +14,7 @@ from drift.client import ClientConfig
 from drift.wire import messages as m
 from drift.wire.compress import WIRE_DTYPE
 from drift.wire.frames import MEDIA_TYPE, encode_frame
-from tests.client.test_push import IDS, decode, wait_all_know_each_other
+from tests.client.push_helpers import IDS, decode, wait_all_know_each_other
 from tests.server.reference import load_reference
 
 # max |logit error| bound per form on the tiny llama (float32 model); measured errors on

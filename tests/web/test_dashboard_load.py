@@ -28,7 +28,11 @@ if not os.path.exists(CHROMIUM):
 
 from tests.server.harness import RunningServer  # noqa: E402
 from tests.server.wsclient import RawSession  # noqa: E402
-from tests.web.test_dashboard import ROWS, Swarm, swarm, swarms, tiny_llama6, wait_all_see  # noqa: E402,F401
+from tests.web import node_swarms  # noqa: E402
+from tests.web.node_swarms import ROWS, Swarm, wait_all_see  # noqa: E402
+
+# the swarm fixtures (a helper module's, not another test module's)
+swarm, swarms, tiny_llama6 = node_swarms.swarm, node_swarms.swarms, node_swarms.tiny_llama6
 
 NUM_BLOCKS = 6
 
