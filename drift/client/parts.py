@@ -64,7 +64,9 @@ class Source:
 @dataclass(frozen=True)
 class FetchTimeouts:
     connect_s: float = 5.0  # opening a connection
-    manifest_s: float = 120.0  # the manifest (a server may still be preparing the parts)
+    # the manifest: a server may still be preparing the parts (a Hub-backed one fetches its
+    # embeddings' shard first, on the first request)
+    manifest_s: float = 900.0
     read_s: float = 60.0  # the longest silence while a file's bytes stream in
 
 

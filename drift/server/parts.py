@@ -6,7 +6,8 @@ template, and the client's tensors as one safetensors file, written a tensor at 
 their manifest (drift.wire.parts). `add_parts_routes` serves it: `GET /parts/<fingerprint>`
 the manifest, `GET /parts/<fingerprint>/<sha256>` a file (HTTP Range: resumable), behind the
 node's swarm-key middleware like every other route. Preparation runs on an executor, started
-when the app starts; knows nothing of blocks or sessions.
+when the app starts (on the first request instead where it would fetch shards from the Hub
+that the server's own blocks do not need); knows nothing of blocks or sessions.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from aiohttp import web
 
 from drift.models.checkpoint import Checkpoint
 from drift.models.client_files import CLIENT_FILES, client_tensor_names
+from drift.models.sources.local import INDEX_FILE, read_index
 from drift.models.sources.stream_write import StreamingSafetensors, header_room
 from drift.wire.errors import InternalError, NotFound
 from drift.wire.parts import PARTS_PATH, WEIGHTS_FILE, PartFile, PartsManifest
@@ -160,9 +162,23 @@ def add_parts_routes(app: web.Application, service: PartsService) -> None:
 
 
 async def _prepare_at_start(app: web.Application) -> AsyncIterator[None]:
-    """Start preparing when the node starts, so the first client need not wait for it."""
-    app[PARTS].start().add_done_callback(_log_failure)
+    """Start preparing when the node starts, so the first client need not wait for it; but
+    not when that would download shards a server does not need (a partial Hub checkpoint:
+    then on the first request)."""
+    service = app[PARTS]
+    if client_shards_on_disk(service.ckpt):
+        service.start().add_done_callback(_log_failure)
     yield
+
+
+def client_shards_on_disk(ckpt: Checkpoint) -> bool:
+    """True when every file holding a client tensor of `ckpt` is on disk already."""
+    index = ckpt.path / INDEX_FILE
+    if not index.is_file():
+        return (ckpt.path / WEIGHTS_FILE).is_file()
+    weight_map = read_index(index)
+    shards = {weight_map[n] for n in client_tensor_names(ckpt) if n in weight_map}
+    return all((ckpt.path / shard).is_file() for shard in shards)
 
 
 def _log_failure(task: asyncio.Future[ClientParts]) -> None:

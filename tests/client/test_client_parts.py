@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import shutil
 from pathlib import Path
 
@@ -182,3 +183,19 @@ async def test_unknown_name_says_what_the_swarm_serves(tmp_path, tiny_dirs, swar
             AutoDistributedModelForCausalLM.from_pretrained, "acme-unknown",
             initial_peers=swarm.token, cache_dir=tmp_path / "c",
         )  # fmt: skip
+
+
+def test_a_partial_hub_checkpoint_prepares_only_when_asked(tmp_path):
+    """Preparing at start would fetch the shard of the embeddings, which a server of later
+    blocks does not need: with that shard absent, preparation waits for the first request."""
+    from drift.models.checkpoint import Checkpoint
+    from drift.server.parts import client_shards_on_disk
+    from tests.tiny_models import build_tiny
+
+    model_dir = tmp_path / "sharded"
+    build_tiny("llama").save_pretrained(model_dir, max_shard_size="100KB")
+    ckpt = Checkpoint(model_dir)
+    assert client_shards_on_disk(ckpt)
+    index = json.loads((model_dir / "model.safetensors.index.json").read_text())
+    (model_dir / index["weight_map"]["model.embed_tokens.weight"]).unlink()
+    assert not client_shards_on_disk(Checkpoint(model_dir, partial=True))
