@@ -94,10 +94,16 @@ def load_client(model: str | None, tokens: tuple[JoinToken, ...], *, swarm_key: 
               f"{resolved.ckpt.name} in {got.seconds:.1f}s from {got.source}",
               file=sys.stderr, flush=True)  # fmt: skip
     print(f"model {resolved.origin.describe()}", file=sys.stderr, flush=True)
-    tokenizer = AutoTokenizer.from_pretrained(resolved.ckpt.path)
-    dist = AutoDistributedModelForCausalLM.from_pretrained(
+    dist = AutoDistributedModelForCausalLM.from_pretrained(  # refused if the swarm's differs
         resolved, initial_peers=list(tokens), swarm_key=swarm_key, torch_dtype=torch_dtype
     )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(resolved.ckpt.path)
+    except (OSError, ValueError) as exc:  # no tokenizer files, or none transformers reads
+        dist.close()
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise BadRequest(f"cannot load the tokenizer of {resolved.ckpt.name} from "
+                         f"{resolved.ckpt.path}: {first}") from exc  # fmt: skip
     return dist, tokenizer
 
 

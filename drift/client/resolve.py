@@ -45,6 +45,7 @@ class ModelOrigin:
     name: str
     fingerprint: str
     where: str  # e.g. "the local directory /data/m", "the swarm (client parts from ...)"
+    given: str | None = None  # what the user named it by (a path, alias or Hub id), if local
 
     def describe(self) -> str:
         return f"{self.name!r} (fingerprint {self.fingerprint[:16]}..., from {self.where})"
@@ -120,7 +121,7 @@ def mismatch(origin: ModelOrigin, models: Sequence[ServedModel]) -> ModelMismatc
     fix = (f". To use the swarm's model, leave the model out (drift generate without --model; "
            f"from_pretrained(initial_peers=...)) or name it by its fingerprint "
            f"{target.fingerprint}: its client parts then come from the swarm. To use yours, "
-           f"serve it (drift up {origin.name} --join TOKEN)")  # fmt: skip
+           f"serve it (drift up {origin.given or origin.name} --join TOKEN)")  # fmt: skip
     return ModelMismatch(head + fix, model=origin.name, fingerprint=origin.fingerprint,
                          served=[m.fingerprint for m in theirs])  # fmt: skip
 
@@ -141,7 +142,7 @@ def local_origin(text: str, ckpt: Checkpoint) -> ModelOrigin:
         where = f"the local path {Path(text).expanduser().resolve()}"
     else:
         where = f"the Hugging Face Hub ({text}, revision {ckpt.revision})"
-    return ModelOrigin(ckpt.name, ckpt.fingerprint, where)
+    return ModelOrigin(ckpt.name, ckpt.fingerprint, where, text)
 
 
 def _is_hub_id(text: str) -> bool:

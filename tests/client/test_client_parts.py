@@ -199,3 +199,33 @@ def test_a_partial_hub_checkpoint_prepares_only_when_asked(tmp_path):
     index = json.loads((model_dir / "model.safetensors.index.json").read_text())
     (model_dir / index["weight_map"]["model.embed_tokens.weight"]).unlink()
     assert not client_shards_on_disk(Checkpoint(model_dir, partial=True))
+
+
+async def test_drift_generate_with_another_checkpoint_exits_1_naming_both(
+    tmp_path, tiny_dirs, swarms
+):
+    """`drift generate --model OTHER`: exit 1, one line naming the swarm's model and both
+    fingerprints (not "no server covers")."""
+    import os
+    import sys
+
+    served_dir = _named(tiny_dirs, "llama", tmp_path / "served", "acme-served")
+    other_dir = save_tiny("llama", tmp_path / "mine" / "acme-mine", seed=1)
+    config = json.loads((other_dir / "config.json").read_text())
+    config["rms_norm_eps"] = 1e-3  # another checkpoint: its config differs
+    (other_dir / "config.json").write_text(json.dumps(config))
+    swarm = await swarms.start(served_dir, [(0, 4)])
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root), DRIFT_CACHE=str(tmp_path / "c"))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "drift.cli", "generate", "--initial_peers", swarm.token,
+        "--model", str(other_dir), "--no_chat_template", "hi", env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(proc.communicate(), 120)
+    lines = [ln for ln in err.decode().splitlines() if ln.startswith("drift generate:")]
+    assert proc.returncode == 1 and len(lines) == 1, err.decode()
+    mine = open_checkpoint(other_dir).fingerprint
+    assert mine != swarm.fingerprint
+    assert "'acme-served'" in lines[0] and mine[:16] in lines[0] and swarm.fingerprint in lines[0]
+    assert "no server covers" not in lines[0]
