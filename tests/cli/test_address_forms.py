@@ -79,7 +79,7 @@ async def test_every_form_against_a_node(nodes, node_tls, caplog):
             await read_swarm(tokens, timeout_s=5)
         check_mismatch(info.value.message, seed.peer_id, running.port, node_tls)
     joiners = {}
-    for name, (text, tls) in forms(seed.peer_id, running.port).items():
+    for name, (text, _) in forms(seed.peer_id, running.port).items():
         joiners[name], _ = await nodes.start(*parse_join_tokens(text), tls=True)
     expected = {n for n, (_, tls) in forms(seed.peer_id, running.port).items() if tls == node_tls}
     deadline = asyncio.get_running_loop().time() + 10
@@ -133,8 +133,8 @@ def test_the_predecessors_flow_with_every_hand_written_address(tmp_path, drift_p
     b.wait_for(PEER_RE, timeout=240)
     wait_servers(seed["drift"][0], 3)
 
-    for node, (peer_id, port) in nodes.items():  # the SDK's and drift status's reader
-        for name, (text, tls) in forms(peer_id, port).items():
+    for peer_id, port in nodes.values():  # the SDK's and drift status's reader
+        for text, tls in forms(peer_id, port).values():
             if tls:
                 assert read_swarm_blocking(parse_join_tokens(text)).peer_id == peer_id
             else:
