@@ -67,11 +67,8 @@ class PartsManifest:
         if data.get("version") != MANIFEST_VERSION:
             raise BadRequest(f"parts manifest version {data.get('version')!r} is not "
                              f"{MANIFEST_VERSION}")  # fmt: skip
-        model, fingerprint, revision = (
-            data.get("model"),
-            data.get("fingerprint"),
-            data.get("revision"),
-        )
+        model, fingerprint = data.get("model"), data.get("fingerprint")
+        revision = data.get("revision")
         if not isinstance(model, str) or not model:
             raise BadRequest("parts manifest: 'model' must be a non-empty string")
         if not isinstance(fingerprint, str) or not _HEX64.match(fingerprint):

@@ -80,6 +80,13 @@ async def test_generate_and_api_with_nothing_but_the_token(acme_dir, swarms, web
     finally:
         await asyncio.to_thread(model.close)
     assert result.text == want and result.new_tokens >= 2
+    from drift import load_tokenizer  # README's quickstart: no name, the swarm's model
+
+    alone = await asyncio.to_thread(load_tokenizer, initial_peers=swarm.token,
+                                    cache_dir=tmp_path / "tok")  # fmt: skip
+    assert (
+        alone.chat_template == TEMPLATE and alone("Hi")["input_ids"] == tokenizer("Hi")["input_ids"]
+    )
 
     args = build_parser().parse_args(["api", "--initial_peers", swarm.token, "--no_auth",
                                       "--cache_dir", str(tmp_path / "api")])  # fmt: skip
