@@ -24,7 +24,7 @@ from drift.models.checkpoint import open_checkpoint
 from drift.models.client_files import client_tensor_names
 from drift.models.head import ClientHead
 from drift.server.parts import prepare_parts
-from drift.wire.errors import ModelMismatch, NotFound, PeerUnavailable
+from drift.wire.errors import MissingBlocks, ModelMismatch, NotFound, PeerUnavailable
 from drift.wire.parts import PartsManifest, parts_path
 from tests.server.reference import load_reference
 from tests.tiny_models import GEMMA4_FAMILIES, save_tiny
@@ -229,3 +229,40 @@ async def test_drift_generate_with_another_checkpoint_exits_1_naming_both(
     assert mine != swarm.fingerprint
     assert "'acme-served'" in lines[0] and mine[:16] in lines[0] and swarm.fingerprint in lines[0]
     assert "no server covers" not in lines[0]
+
+
+async def test_when_only_another_model_is_left_routing_names_both(tmp_path, tiny_dirs, nodes,
+                                                                  servers, sdk_models):  # fmt: skip
+    """All servers of the client's model gone, another model served: the request fails with
+    the mismatch (both named), not "no live server covers"; while its model is served with
+    a block missing, it is "no live server covers"."""
+    seed, _ = await nodes.start()
+    token = seed.join_token()
+    mine_dir = _named(tiny_dirs, "llama", tmp_path, "acme-mine")
+    theirs_dir = save_tiny("qwen2", tmp_path / "acme-theirs")
+    first = await servers(mine_dir, 0, 2, initial_peers=(token,))
+    second = await servers(mine_dir, 2, 4, initial_peers=(token,))
+    third = await servers(theirs_dir, 0, 4, initial_peers=(token,))
+    want = {s.node.peer_id for s in (first, second, third)}
+    for _ in range(200):  # until the seed lists all three
+        if want <= {r.peer_id for r in seed.live_records() if r.state == "online"}:
+            break
+        await asyncio.sleep(0.05)
+    model = await sdk_models.open(mine_dir, token.to_drift())
+    ids = torch.tensor([[1, 2, 3]])
+    await asyncio.to_thread(model, ids)
+    await second.stop()
+    with pytest.raises(MissingBlocks, match="no live server covers blocks 2-3"):
+        await asyncio.to_thread(model, ids)
+    await first.stop()
+    for _ in range(100):  # until the client's own table drops its record (the TTL: 5 s)
+        try:
+            await asyncio.to_thread(model, ids)
+        except MissingBlocks:
+            await asyncio.sleep(0.1)
+        except ModelMismatch as exc:
+            info = exc
+            break
+    else:
+        raise AssertionError("never a ModelMismatch")
+    assert "'acme-mine'" in info.message and "'acme-theirs'" in info.message
