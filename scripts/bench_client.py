@@ -103,7 +103,8 @@ class ServerProcs:
             log = tmp / f"server-{start}-{end}.log"
             cmd = [sys.executable, "-m", "drift.cli", "server", model, "--block_indices",
                    f"{start}:{end}", "--host_maddrs", "/ip4/127.0.0.1/tcp/0",
-                   "--throughput", "100", "--cache_dir", str(tmp), *extra]  # fmt: skip
+                   "--throughput", "100", "--cache_dir", str(tmp), "--plain_http",
+                   *extra]  # fmt: skip
             if i:
                 cmd += ["--initial_peers", self.token]
             with open(log, "wb") as out:

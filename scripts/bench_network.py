@@ -163,7 +163,7 @@ class Servers:
             cmd = [sys.executable, "-m", "drift.cli", "server", model, "--block_indices",
                    f"{start}:{end}", "--host_maddrs", f"/ip4/127.0.0.1/tcp/{port}",
                    "--announce_maddrs", f"/ip4/127.0.0.1/tcp/{link.port}",
-                   "--throughput", "100", "--cache_dir", str(tmp)]  # fmt: skip
+                   "--throughput", "100", "--cache_dir", str(tmp), "--plain_http"]  # fmt: skip
             if self.token:
                 cmd += ["--initial_peers", self.token]
             with open(log, "wb") as out:

@@ -38,11 +38,14 @@ TORCH_DTYPE_HELP = (
 DEVICE_HELP = "auto | cpu | cuda[:i] | xpu | mps (default: auto = the best available)"
 
 
-def add_model(p: argparse.ArgumentParser, *, positional: bool = True) -> None:
-    """MODEL (positional, optional) or --model, defaulting to the demo model."""
+def add_model(p: argparse.ArgumentParser, *, positional: bool = True,
+              default: str | None = DEFAULT_MODEL, default_help: str | None = None) -> None:  # fmt: skip
+    """MODEL (positional, optional) or --model, defaulting to the demo model (drift api: to
+    the swarm's model, `default` None)."""
     name = "model" if positional else "--model"
     extra = {"nargs": "?"} if positional else {}
-    p.add_argument(name, default=DEFAULT_MODEL, help=f"{MODEL_HELP} (default: {DEFAULT_MODEL})",
+    shown = default_help or default
+    p.add_argument(name, default=default, help=f"{MODEL_HELP} (default: {shown})",
                    **extra)  # type: ignore[arg-type]  # fmt: skip
 
 
@@ -79,10 +82,9 @@ def add_device(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
 
 
-def add_node_options(p: argparse.ArgumentParser, *, join_alias: bool = False,
-                     tls_default: bool = False) -> None:  # fmt: skip
-    """The options every swarm member takes (drift dht / server / up), identical in each but
-    for the TLS default (on for drift up): `tls_enabled(args)` reads --tls / --plain_http."""
+def add_node_options(p: argparse.ArgumentParser, *, join_alias: bool = False) -> None:
+    """The options every swarm member takes (drift dht / server / up), identical in each:
+    TLS bound to the node's identity unless --plain_http (`tls_enabled(args)`)."""
     p.add_argument(
         "--host",
         default=DEFAULT_HOST,
@@ -122,14 +124,14 @@ def add_node_options(p: argparse.ArgumentParser, *, join_alias: bool = False,
     add_initial_peers(p, join_alias=join_alias)
     add_swarm_key(p)
     tls = p.add_mutually_exclusive_group()
-    on, off = ("(the default)", "") if tls_default else ("", "(the default)")
-    tls.add_argument("--tls", action="store_true", default=None,
-                     help=f"serve TLS with a certificate bound to this node's identity, checked by "
-                          f"every peer and client against its peer id {on}".rstrip())  # fmt: skip
     tls.add_argument("--plain_http", dest="tls", action="store_false", default=None,
-                     help=f"serve plain HTTP, e.g. for curl; traffic is not encrypted {off}"
-                     .rstrip())  # fmt: skip
-    p.set_defaults(tls_default=tls_default)
+                     help="serve plain HTTP instead of TLS, e.g. for curl; traffic is not "
+                          "encrypted and join tokens end in ?tls=off (default: TLS with a "
+                          "certificate bound to this node's identity, checked by every peer "
+                          "and client against its peer id)")  # fmt: skip
+    tls.add_argument("--tls", action="store_true", default=None,
+                     help="serve TLS: the default, so this changes nothing (kept so that older "
+                          "commands still work)")  # fmt: skip
     p.add_argument("--gossip_interval", type=float, default=5.0,
                    help="mean seconds between gossip rounds (default: 5)")  # fmt: skip
     p.add_argument("--record_ttl", type=float, default=30.0,
@@ -140,8 +142,8 @@ def add_node_options(p: argparse.ArgumentParser, *, join_alias: bool = False,
 
 
 def tls_enabled(args: argparse.Namespace) -> bool:
-    """--tls / --plain_http, else the command's default."""
-    return bool(args.tls_default if args.tls is None else args.tls)
+    """TLS unless --plain_http (the default of every node command; --tls changes nothing)."""
+    return args.tls is not False
 
 
 def listen_address(args: argparse.Namespace) -> tuple[str, int]:

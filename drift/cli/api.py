@@ -15,6 +15,7 @@ from typing import Any
 from drift.cli._exits import UsageError
 from drift.cli._net import check_port_free
 from drift.cli._options import (
+    DEFAULT_MODEL,
     add_cache_dir,
     add_initial_peers,
     add_model,
@@ -35,7 +36,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "/v1/chat/completions, /v1/completions and /v1/embeddings, streamed or not, with a "
         "chat page at / and Prometheus metrics at /metrics.",
     )
-    add_model(p)
+    add_model(p, default=None,
+              default_help="the swarm's only model; with --local: " + DEFAULT_MODEL)  # fmt: skip
     add_initial_peers(p)
     p.add_argument("--local", action="store_true",
                    help="run the whole model in this process instead (no swarm; for trials)")  # fmt: skip
@@ -74,7 +76,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _engine(args: argparse.Namespace, model_id: str) -> Any:
+def _engine(args: argparse.Namespace, model_id: str | None) -> Any:
     from drift.api.engine import CausalLMEngine
     from drift.api.swarm import swarm_engine
 
@@ -86,10 +88,10 @@ def _engine(args: argparse.Namespace, model_id: str) -> Any:
         from drift.models.devices import parse_dtype
 
         dtype = parse_dtype(args.torch_dtype, torch.device("cpu"))
-        ckpt = open_checkpoint(args.model, cache_dir=args.cache_dir, dtype=dtype)
+        ckpt = open_checkpoint(args.model or DEFAULT_MODEL, cache_dir=args.cache_dir, dtype=dtype)
         model = AutoModelForCausalLM.from_pretrained(ckpt.path, dtype=dtype).eval()
         tokenizer = AutoTokenizer.from_pretrained(ckpt.path)
-        return CausalLMEngine(model, tokenizer, model_id=model_id)
+        return CausalLMEngine(model, tokenizer, model_id=model_id or args.model or DEFAULT_MODEL)
     from drift.cli.generate import load_client
     from drift.identity.tokens import parse_join_tokens
 
@@ -97,6 +99,7 @@ def _engine(args: argparse.Namespace, model_id: str) -> Any:
     key = swarm_key_from(args.swarm_key, args.swarm_key_file, tokens)
     model, tokenizer = load_client(args.model, tokens, swarm_key=key,
                                    cache_dir=args.cache_dir, torch_dtype=args.torch_dtype)  # fmt: skip
+    model_id = model_id or model.base_model_name  # no MODEL: the name the swarm announces
     from drift.api.prefix import SessionPool
 
     pool = SessionPool(model, max_sessions=args.prefix_sessions) if args.prefix_sessions else None
@@ -148,8 +151,10 @@ def run(args: argparse.Namespace) -> int:
     if not GrammarCompiler.available():
         print(f"drift api: llguidance is not installed: requests with tools or response_format "
               f"will get a 400 ({INSTALL_HINT})", file=sys.stderr)  # fmt: skip
-    print(f"loading {args.model} ...", file=sys.stderr, flush=True)
+    what = args.model or "the swarm's model"
+    print(f"loading {what} ...", file=sys.stderr, flush=True)
     engine = _engine(args, model_id)
+    model_id = engine.model_id
 
     cache_dir = resolve_cache_dir(args.cache_dir)
     with process_record("api", cache_dir=cache_dir, model=model_id) as record:

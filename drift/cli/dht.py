@@ -30,6 +30,10 @@ def node_config_from_args(args: argparse.Namespace) -> NodeConfig:
     """Validated NodeConfig from the parsed options (BadRequest naming the bad value)."""
     host, port = listen_address(args)
     tls = tls_enabled(args)
+    if not tls:
+        log.warning("--plain_http: this node serves plain HTTP, unencrypted; peers and clients "
+                    "must write its address with ?tls=off (multiaddr: /http), as the address it "
+                    "prints does")  # fmt: skip
     public_addrs = []
     for maddr in args.announce_maddrs:
         a_host, a_port, _ = parse_multiaddr(maddr, need_peer_id=False)

@@ -1,8 +1,9 @@
 """`drift generate`: greedy (or sampled) text from a swarm, streamed to the terminal.
 
-Opens the model's client pieces locally (embeddings, head, tokenizer), wraps the prompt in
-the chat template when the tokenizer has one, and streams tokens through a TextStreamer
-while the swarm runs the blocks. Knows nothing about serving.
+Opens the model's client pieces (embeddings, head, tokenizer: from --model when it names a
+local copy or Hub id, else downloaded once from the swarm's servers and cached), wraps the
+prompt in the chat template when the tokenizer has one, and streams tokens through a
+TextStreamer while the swarm runs the blocks. Knows nothing about serving.
 """
 
 from __future__ import annotations
@@ -11,14 +12,12 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from drift.cli._exits import usage_errors
 from drift.cli._options import add_cache_dir, add_initial_peers, add_swarm_key, add_torch_dtype
 from drift.cli._secrets import swarm_key_from
 from drift.identity.tokens import JoinToken, parse_join_tokens
-from drift.swarm.reader import read_swarm_blocking
 from drift.wire.errors import BadRequest
 
 
@@ -33,7 +32,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--model",
         default=None,
-        help="alias, local dir, .gguf or Hub id of the model (default: the swarm's model)",
+        help="the model: alias, local dir, .gguf or Hub id (a copy on this machine or the "
+        "Hub), or a name or fingerprint the swarm announces (its client parts are downloaded "
+        "from the servers once, then cached) (default: the swarm's only model)",
     )
     p.add_argument(
         "--max_new_tokens", type=int, default=64, help="tokens to generate (default: 64)"
@@ -60,19 +61,6 @@ class GenerateResult:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-def swarm_model_name(tokens: tuple[JoinToken, ...], swarm_key: str | None) -> str:
-    """A name open_checkpoint understands for the one model the swarm serves."""
-    snap = read_swarm_blocking(tokens, swarm_key=swarm_key)
-    names = [str(c.model) for c in snap.coverages() if c.model]
-    if not names:
-        raise BadRequest("the swarm serves no model yet; start a server with `drift up`")
-    if len(names) > 1:
-        raise BadRequest(
-            f"the swarm serves several models ({', '.join(names)}); pick one with --model"
-        )
-    return names[0]  # a display name: open_checkpoint resolves demo aliases by it too
-
-
 def encode_prompt(tokenizer: Any, prompt: str, *, chat: bool = True) -> Any:
     """input_ids [1, P]: the chat template with a generation prompt when the tokenizer has one."""
     if chat and getattr(tokenizer, "chat_template", None):
@@ -87,22 +75,35 @@ def encode_prompt(tokenizer: Any, prompt: str, *, chat: bool = True) -> Any:
     return tokenizer(prompt, return_tensors="pt")["input_ids"]
 
 
-def load_client(model: str, tokens: tuple[JoinToken, ...], *, swarm_key: str | None,
+def load_client(model: str | None, tokens: tuple[JoinToken, ...], *, swarm_key: str | None,
                 cache_dir: str | None, torch_dtype: str) -> tuple[Any, Any]:  # fmt: skip
-    """(distributed model, tokenizer) for `model`, routed through the swarm behind `tokens`."""
+    """(distributed model, tokenizer) for `model` (None: the swarm's only model), routed
+    through the swarm behind `tokens`; says on stderr what it downloaded."""
     from transformers import AutoTokenizer
 
     from drift.client import AutoDistributedModelForCausalLM
-    from drift.client.loading import resolve_dtype
-    from drift.models.checkpoint import open_checkpoint
+    from drift.client.loading import open_client_model, resolve_dtype
 
-    cache = Path(cache_dir) if cache_dir else None
     dtype = resolve_dtype(None, torch_dtype)  # a GGUF converts once, to what the client runs
-    ckpt = open_checkpoint(model, cache_dir=cache, blocks=range(0), dtype=dtype)  # opened once
-    tokenizer = AutoTokenizer.from_pretrained(ckpt.path)
-    dist = AutoDistributedModelForCausalLM.from_pretrained(
-        ckpt, initial_peers=list(tokens), swarm_key=swarm_key, torch_dtype=torch_dtype
+    resolved = open_client_model(
+        model, cache_dir=cache_dir, dtype=dtype, initial_peers=list(tokens), swarm_key=swarm_key
+    )  # opened once
+    got = resolved.fetched
+    if got is not None and got.bytes_downloaded:
+        print(f"downloaded {got.bytes_downloaded / 2**20:.1f} MiB of client parts of "
+              f"{resolved.ckpt.name} in {got.seconds:.1f}s from {got.source}",
+              file=sys.stderr, flush=True)  # fmt: skip
+    print(f"model {resolved.origin.describe()}", file=sys.stderr, flush=True)
+    dist = AutoDistributedModelForCausalLM.from_pretrained(  # refused if the swarm's differs
+        resolved, initial_peers=list(tokens), swarm_key=swarm_key, torch_dtype=torch_dtype
     )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(resolved.ckpt.path)
+    except (OSError, ValueError) as exc:  # no tokenizer files, or none transformers reads
+        dist.close()
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise BadRequest(f"cannot load the tokenizer of {resolved.ckpt.name} from "
+                         f"{resolved.ckpt.path}: {first}") from exc  # fmt: skip
     return dist, tokenizer
 
 
@@ -142,10 +143,10 @@ def run(args: argparse.Namespace) -> int:
             raise BadRequest("--max_new_tokens must be at least 1")
         tokens = parse_join_tokens(args.initial_peers)
         key = swarm_key_from(args.swarm_key, args.swarm_key_file, tokens)
-    model_name = args.model or swarm_model_name(tokens, key)
-    print(f"loading the client side of {model_name} ...", file=sys.stderr, flush=True)
+    what = args.model or "the swarm's model"
+    print(f"loading the client side of {what} ...", file=sys.stderr, flush=True)
     model, tokenizer = load_client(
-        model_name,
+        args.model,
         tokens,
         swarm_key=key,
         cache_dir=args.cache_dir,

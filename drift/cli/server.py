@@ -1,7 +1,8 @@
 """`drift server MODEL`: serve a span of MODEL's blocks as a swarm member (Petals' options).
 
 Parses the arguments once into a NodeConfig and a ServerConfig, loads the blocks
-(drift.server.build), mounts the compute routes on the node app and runs it until
+(drift.server.build), mounts the compute routes and the client parts (drift.server.parts)
+on the node app and runs it until
 Ctrl+C / SIGTERM, with a process record for `drift down`. `drift up` reuses the options
 and the config builder.
 """
@@ -169,10 +170,17 @@ def run(args: argparse.Namespace) -> int:
 
 def _load_and_serve(rec: RecordHandle, identity: Identity, node_config: NodeConfig,
                     config: ServerConfig) -> int:  # fmt: skip
+    from drift.models.checkpoint import open_checkpoint
+    from drift.models.devices import parse_dtype, pick_device
     from drift.server.build import attach_server, load_server
+    from drift.server.parts import PartsService, add_parts_routes
 
     records = live_swarm_records(node_config)
-    server = load_server(config, records=records, progress=progress_bar("loading blocks"))
+    dtype = parse_dtype(config.torch_dtype, pick_device(config.device))  # a GGUF converts to it
+    ckpt = open_checkpoint(config.model, cache_dir=config.cache_dir, revision=config.revision,
+                           dtype=dtype)  # fmt: skip
+    server = load_server(config, records=records, progress=progress_bar("loading blocks"),
+                         ckpt=ckpt)  # fmt: skip
     node = MembershipNode(identity, node_config)
     b = server.backend
     log.info("serving blocks [%d, %d) of %s as %s (quantization: %s), throughput %.1f "
@@ -180,6 +188,8 @@ def _load_and_serve(rec: RecordHandle, identity: Identity, node_config: NodeConf
              server.throughput)  # fmt: skip
     app = build_node_app(node)
     attach_server(app, server, node)
+    assert config.cache_dir is not None
+    add_parts_routes(app, PartsService(ckpt, config.cache_dir))  # clients need no model copy
 
     def started(running: RunningApp) -> None:
         token = node.join_token().to_drift(with_key=False)

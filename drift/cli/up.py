@@ -43,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "it starts a new swarm and prints the command other machines run to join it.",
     )
     add_server_options(p, num_blocks_default="as many as fit in free memory")
-    add_node_options(p, join_alias=True, tls_default=True)
+    add_node_options(p, join_alias=True)
     p.add_argument(
         "--private",
         action="store_true",
@@ -183,6 +183,7 @@ def serve(cfg: UpConfig, rec: RecordHandle, identity: Identity, ckpt: Any,
     from drift.node.membership import MembershipNode
     from drift.node.runner import RunningApp, run_node
     from drift.server.build import attach_server, load_server
+    from drift.server.parts import PartsService, add_parts_routes
 
     say("loading blocks (weights are read block by block) ...")
     t0 = time.perf_counter()
@@ -195,6 +196,7 @@ def serve(cfg: UpConfig, rec: RecordHandle, identity: Identity, ckpt: Any,
     node = MembershipNode(identity, cfg.node)
     app = build_node_app(node)
     attach_server(app, server, node)
+    add_parts_routes(app, PartsService(ckpt, cfg.server.cache_dir or Path(".")))
 
     loops: list[Any] = []  # keeps the background tasks referenced
 

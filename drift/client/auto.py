@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from drift.client.classify import DistributedModelForSequenceClassification
-from drift.client.loading import open_client_checkpoint, resolve_dtype
+from drift.client.loading import open_client_model, resolve_dtype
 from drift.client.model import DistributedModelForCausalLM
 from drift.client.speculative import DistributedModelForSpeculativeGeneration
 
@@ -59,20 +59,25 @@ class DistributedLlamaForSpeculativeGeneration(DistributedModelForSpeculativeGen
 
 
 def _open(name_or_path: Any, kwargs: dict[str, Any]) -> Any:
-    """The checkpoint, opened once (its Hub arguments taken out of kwargs; a GGUF converts to
-    the client's dtype)."""
+    """The model, opened once (drift.client.resolve; its Hub arguments taken out of kwargs;
+    a GGUF converts to the client's dtype)."""
     dtype = resolve_dtype(kwargs.get("dtype"), kwargs.get("torch_dtype"))
-    return open_client_checkpoint(name_or_path, cache_dir=kwargs.pop("cache_dir", None),
-                                  revision=kwargs.pop("revision", None), dtype=dtype,
-                                  token=kwargs.pop("token", None))  # fmt: skip
+    return open_client_model(name_or_path, cache_dir=kwargs.pop("cache_dir", None),
+                             revision=kwargs.pop("revision", None), dtype=dtype,
+                             token=kwargs.pop("token", None),
+                             initial_peers=kwargs.get("initial_peers"),
+                             swarm_key=kwargs.get("swarm_key"))  # fmt: skip
 
 
 class AutoDistributedModelForCausalLM:
     @classmethod
-    def from_pretrained(cls, name_or_path: Any, **kwargs: Any) -> DistributedModelForCausalLM:
-        ckpt = _open(name_or_path, kwargs)
-        family = FAMILY_CLASSES.get(str(ckpt.config.model_type), DistributedModelForCausalLM)
-        return family.from_pretrained(ckpt, **kwargs)
+    def from_pretrained(
+        cls, name_or_path: Any = None, **kwargs: Any
+    ) -> DistributedModelForCausalLM:
+        resolved = _open(name_or_path, kwargs)
+        family = FAMILY_CLASSES.get(str(resolved.ckpt.config.model_type),
+                                    DistributedModelForCausalLM)  # fmt: skip
+        return family.from_pretrained(resolved, **kwargs)
 
 
 class AutoDistributedSpeculativeModel:
@@ -80,20 +85,20 @@ class AutoDistributedSpeculativeModel:
 
     @classmethod
     def from_pretrained(
-        cls, name_or_path: Any, **kwargs: Any
+        cls, name_or_path: Any = None, **kwargs: Any
     ) -> DistributedModelForSpeculativeGeneration:
-        ckpt = _open(name_or_path, kwargs)
+        resolved = _open(name_or_path, kwargs)
         family: type[DistributedModelForSpeculativeGeneration] = (
             DistributedLlamaForSpeculativeGeneration
-            if ckpt.config.model_type == "llama"
+            if resolved.ckpt.config.model_type == "llama"
             else DistributedModelForSpeculativeGeneration
         )
-        return family.from_pretrained(ckpt, **kwargs)
+        return family.from_pretrained(resolved, **kwargs)
 
 
 class AutoDistributedModelForSequenceClassification:
     @classmethod
     def from_pretrained(
-        cls, name_or_path: Any, **kwargs: Any
+        cls, name_or_path: Any = None, **kwargs: Any
     ) -> DistributedModelForSequenceClassification:
         return DistributedModelForSequenceClassification.from_pretrained(name_or_path, **kwargs)

@@ -31,7 +31,7 @@ class AutoDistributedConfig:
         """The text config of `name_or_path` with `initial_peers` and `model_fingerprint`."""
         tokens = parse_peers(initial_peers, None)  # refused now if they do not parse
         ckpt = open_client_checkpoint(name_or_path, cache_dir=cache_dir, revision=revision,
-                                      token=token)  # fmt: skip
+                                      token=token, initial_peers=tokens)  # fmt: skip
         config = copy.deepcopy(ckpt.config.get_text_config())
         apply_overrides(config, drop_ignored(kwargs))
         config.initial_peers = [t.to_drift(with_key=True) for t in tokens]

@@ -1,15 +1,17 @@
 """What every distributed model class loads: checkpoint, client head, swarm client.
 
-Resolves a Hub name, model directory or GGUF path through drift.models.open_checkpoint
-(reading only the client's tensors), accepts dtype= and the older torch_dtype= ("auto": the
-checkpoint's), device= for the client's own parts, and parses initial peers (join tokens or
-multiaddrs, with an optional swarm key). `load_tokenizer` gives the tokenizer for the same
-names.
+Resolves the model a user names through drift.client.resolve (a local path or alias, a Hub
+id, else the client parts the swarm serves under that name, reading only the client's
+tensors), accepts dtype= and the older torch_dtype= ("auto": the checkpoint's), device= for
+the client's own parts, and parses initial peers (join tokens or multiaddrs, with an
+optional swarm key). A local model the swarm does not serve is refused at once, both named.
+`load_tokenizer` gives the tokenizer for the same names.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,8 +19,11 @@ import torch
 
 from drift.client.config import ClientConfig
 from drift.client.remote import RemoteClient
+from drift.client.resolve import Resolved, check_served, open_model
 from drift.identity.tokens import JoinToken, parse_join_tokens
+from drift.swarm.reader import swarm_key_of
 from drift.wire.checks import ACTIVATION_DTYPES
+from drift.wire.errors import DriftError, ModelMismatch
 
 if TYPE_CHECKING:
     from drift.models.checkpoint import Checkpoint
@@ -63,20 +68,26 @@ def parse_peers(initial_peers: Any, swarm_key: str | None) -> tuple[JoinToken, .
     return tokens
 
 
-def open_client_checkpoint(name_or_path: Any, *, cache_dir: Any = None,
-                           revision: str | None = None,
-                           dtype: torch.dtype | None = None,
-                           token: str | bool | None = None) -> Checkpoint:  # fmt: skip
-    """The checkpoint as a client needs it (no block weights fetched; a GGUF converts to
-    `dtype`, the client's); one already opened is passed through, so a from_pretrained chain
-    opens it once. `token`: the Hub's."""
-    from drift.models.checkpoint import Checkpoint, open_checkpoint
+def open_client_model(name_or_path: Any, *, cache_dir: Any = None,
+                      revision: str | None = None, dtype: torch.dtype | None = None,
+                      token: str | bool | None = None, initial_peers: Any = None,
+                      swarm_key: str | None = None) -> Resolved:  # fmt: skip
+    """The model as a client needs it (no block weights fetched; a GGUF converts to `dtype`,
+    the client's), with where it came from: drift.client.resolve.open_model, given the
+    parsed peers. One already opened is passed through, so a from_pretrained chain opens it
+    once. `token`: the Hub's."""
+    peers = () if _no_peers(initial_peers) else parse_peers(initial_peers, swarm_key)
+    return open_model(name_or_path, initial_peers=peers, swarm_key=swarm_key_of(peers, swarm_key),
+                      cache_dir=cache_dir, revision=revision, dtype=dtype, token=token)  # fmt: skip
 
-    if isinstance(name_or_path, Checkpoint):
-        return name_or_path
-    cache = Path(cache_dir) if cache_dir is not None else None
-    return open_checkpoint(str(name_or_path), cache_dir=cache, revision=revision,
-                           blocks=range(0), dtype=dtype, token=token)  # fmt: skip
+
+def open_client_checkpoint(name_or_path: Any, **kwargs: Any) -> Checkpoint:
+    """open_client_model's checkpoint alone."""
+    return open_client_model(name_or_path, **kwargs).ckpt
+
+
+def _no_peers(initial_peers: Any) -> bool:
+    return initial_peers is None or (not isinstance(initial_peers, str) and not initial_peers)
 
 
 def load_parts(
@@ -85,38 +96,57 @@ def load_parts(
     cache_dir: Path | None = None, revision: str | None = None, device: Any = None,
     token: str | bool | None = None,
 ) -> tuple[Checkpoint, ClientHead, RemoteClient, torch.dtype]:  # fmt: skip
-    """(checkpoint, ClientHead, RemoteClient, dtype) for a model name, path or Checkpoint;
-    the head on `device` (drift.models.devices.pick_device's names; default cpu)."""
+    """(checkpoint, ClientHead, RemoteClient, dtype) for a model name, path, Checkpoint or
+    Resolved; the head on `device` (drift.models.devices.pick_device's names; default cpu).
+    ModelMismatch when the swarm answers and serves other models but not this one."""
     from drift.models.devices import pick_device
     from drift.models.head import ClientHead
 
     tokens = parse_peers(initial_peers, swarm_key)
-    where = pick_device("cpu" if device is None else str(device))
-    gguf_dtype = resolve_dtype(dtype, torch_dtype, None)  # a GGUF converts once, to it
-    ckpt = open_client_checkpoint(name_or_path, cache_dir=cache_dir, revision=revision,
-                                  dtype=gguf_dtype, token=token)  # fmt: skip
-    torch_dt = resolve_dtype(dtype, torch_dtype, ckpt.config)
-    head = ClientHead.load(ckpt, dtype=torch_dt, device=where)
     config = client_config or ClientConfig()
-    token_keys = [t.swarm_key for t in tokens if t.swarm_key]
-    key = config.swarm_key or swarm_key or (token_keys[0] if token_keys else None)
+    key = config.swarm_key or swarm_key_of(tokens, swarm_key)
     if key != config.swarm_key:
         config = dataclasses.replace(config, swarm_key=key)
+    where = pick_device("cpu" if device is None else str(device))
+    gguf_dtype = resolve_dtype(dtype, torch_dtype, None)  # a GGUF converts once, to it
+    resolved = open_model(name_or_path, initial_peers=tokens, swarm_key=key, cache_dir=cache_dir,
+                          revision=revision, dtype=gguf_dtype, token=token)  # fmt: skip
+    ckpt = resolved.ckpt
+    torch_dt = resolve_dtype(dtype, torch_dtype, ckpt.config)
+    head = ClientHead.load(ckpt, dtype=torch_dt, device=where)
     client = RemoteClient(tokens, ckpt.fingerprint, config, head.sharing)
+    client.origin = resolved.origin
+    if resolved.fetched is None:  # a model of this machine: is it the swarm's?
+        try:
+            client.run(client.swarm.refresh())
+        except DriftError:
+            pass  # unreachable or refused now: the first request says why
+        else:
+            try:
+                check_served(resolved.origin, client.swarm.table.live(time.time()))
+            except ModelMismatch:
+                client.close()
+                raise
     return ckpt, head, client, torch_dt
 
 
 def load_tokenizer(
-    name_or_path: str | Path, *, cache_dir: str | Path | None = None, revision: str | None = None
-) -> Any:
-    """The tokenizer for a model alias ("smollm2"), model dir, .gguf file or Hub id.
+    name_or_path: str | Path | None = None, *, initial_peers: Any = None,
+    swarm_key: str | None = None, cache_dir: str | Path | None = None,
+    revision: str | None = None,
+) -> Any:  # fmt: skip
+    """The tokenizer for a model alias ("smollm2"), model dir, .gguf file or Hub id, or (with
+    `initial_peers`) for the model the swarm serves under that name (or its only model when
+    the name is left out), downloaded from its servers once and cached.
 
-    Resolved like the model itself (drift.models.open_checkpoint, no block weights read),
-    so `load_tokenizer(name)` pairs with `from_pretrained(name, initial_peers=...)`: a GGUF not
-    converted yet converts in the SDK's default dtype, the one from_pretrained then reuses.
+    Resolved like the model itself (drift.client.resolve, no block weights read), so
+    `load_tokenizer(name, initial_peers=...)` pairs with `from_pretrained(name,
+    initial_peers=...)`: a GGUF not converted yet converts in the SDK's default dtype, the
+    one from_pretrained then reuses.
     """
     from transformers import AutoTokenizer
 
-    ckpt = open_client_checkpoint(name_or_path, cache_dir=cache_dir, revision=revision,
-                                  dtype=resolve_dtype(None, None))  # fmt: skip
-    return AutoTokenizer.from_pretrained(ckpt.path)
+    resolved = open_client_model(name_or_path, cache_dir=cache_dir, revision=revision,
+                                 dtype=resolve_dtype(None, None), initial_peers=initial_peers,
+                                 swarm_key=swarm_key)  # fmt: skip
+    return AutoTokenizer.from_pretrained(resolved.ckpt.path)

@@ -29,7 +29,7 @@ from transformers.utils.deprecation import deprecate_kwarg
 
 from drift.client.backbone import DistributedBaseModel, ThreadCalls
 from drift.client.cache import RemoteCache
-from drift.client.loading import load_parts, open_client_checkpoint
+from drift.client.loading import load_parts, open_client_model
 from drift.client.lora import ClientLora, client_lora
 from drift.client.pretrained_args import apply_overrides, check_config, drop_ignored
 from drift.client.ptune import PromptTuning
@@ -75,7 +75,7 @@ class DistributedPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def from_pretrained(  # type: ignore[override]
-        cls, name_or_path: Any, *, initial_peers: Any, swarm_key: str | None = None,
+        cls, name_or_path: Any = None, *, initial_peers: Any, swarm_key: str | None = None,
         dtype: Any = None, torch_dtype: Any = None, device: Any = None,
         client_config: Any = None, tuning_mode: str | None = None, pre_seq_len: int = 0,
         cache_dir: Any = None, revision: str | None = None, token: str | bool | None = None,
@@ -83,22 +83,26 @@ class DistributedPreTrainedModel(PreTrainedModel):
         **kwargs: Any,
     ):  # fmt: skip
         """transformers' from_pretrained for a swarm: `initial_peers` (join tokens or
-        multiaddrs) and `swarm_key` find it; `device` places the client's own parts; other
+        multiaddrs) and `swarm_key` find it; `name_or_path` is a local path, alias or Hub id
+        (which win), else the name the swarm announces (its client parts are downloaded
+        once and cached; None: the swarm's only model); `device` places the client's own parts; other
         keyword arguments are config fields, or ignored with a warning saying why
         (drift.client.pretrained_args). `tuning_mode="lora"` with `lora_config` (a peft
         LoraConfig, a dict of its fields, or a saved adapter's directory to go on training)
         trains LoRA weights through the swarm;
         `active_adapter` applies a LoRA adapter the servers hold (`--adapters`)."""
         overrides = drop_ignored(kwargs)
-        ckpt = open_client_checkpoint(name_or_path, cache_dir=cache_dir, revision=revision,
-                                      token=token)  # fmt: skip
+        resolved = open_client_model(name_or_path, cache_dir=cache_dir, revision=revision,
+                                     token=token, initial_peers=initial_peers,
+                                     swarm_key=swarm_key)  # fmt: skip
+        ckpt = resolved.ckpt
         # a multimodal checkpoint: its text tower; a copy, the checkpoint's stays as read
         text_config = copy.deepcopy(ckpt.config.get_text_config())
         if config is not None:
             text_config = check_config(config, text_config)
         apply_overrides(text_config, overrides)
         ckpt, head, client, torch_dt = load_parts(
-            ckpt, initial_peers=initial_peers, swarm_key=swarm_key, dtype=dtype,
+            resolved, initial_peers=initial_peers, swarm_key=swarm_key, dtype=dtype,
             torch_dtype=torch_dtype, client_config=client_config, device=device,
         )  # fmt: skip
         if active_adapter is not None:

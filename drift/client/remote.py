@@ -29,6 +29,7 @@ from drift.client.config import ClientConfig
 from drift.client.extras import Tensors, add_grads, hop_extras
 from drift.client.latency import StepTimeouts
 from drift.client.loop import LoopThread
+from drift.client.resolve import ModelOrigin, check_served
 from drift.client.routing import (
     Hop,
     LatencyModel,
@@ -74,6 +75,8 @@ class RemoteClient:
     ) -> None:  # fmt: skip
         self.config = config
         self.model_fingerprint = model_fingerprint
+        # what the model is and where it came from, for the error when no server serves it
+        self.origin = ModelOrigin(model_fingerprint[:16], model_fingerprint, "its fingerprint")
         # the served LoRA adapter requests ask for, by name: a model reads its config's
         # `active_adapter` (Petals' idiom, `model.config.active_adapter = name`)
         self.adapter_of: Callable[[], str | None] = lambda: None
@@ -140,6 +143,8 @@ class RemoteClient:
         except MissingBlocks:
             wait = self.swarm.ban_wait(self.model_fingerprint, start, end)
             if wait is None:
+                if not self.swarm.servers(self.model_fingerprint, banned_too=True):
+                    check_served(self.origin, self.swarm.table.live(time.time()))  # another model?
                 raise
         await asyncio.sleep(wait)
         return choose()

@@ -20,7 +20,7 @@ import orjson
 
 from drift.identity import Identity, verify_signature
 from drift.swarm.dial import is_wrong_peer, peer_ssl
-from drift.swarm.reader import read_limited
+from drift.swarm.reader import dial_failure, read_limited
 from drift.swarm.record import MAX_RECORD_BYTES
 from drift.wire.auth import auth_headers, check_reply
 from drift.wire.errors import BadRequest, Forbidden, PeerUnavailable, from_payload
@@ -99,7 +99,9 @@ async def exchange(
         if is_wrong_peer(exc):
             raise Forbidden(f"{url} is not peer {expect_peer_id}: its TLS certificate proves "
                             "another identity (a man in the middle?)") from exc  # fmt: skip
-        raise PeerUnavailable(f"gossip with {url} failed: {exc!r}") from exc
+        raise PeerUnavailable(
+            f"gossip with {url} failed: {await dial_failure(exc, url, expect_peer_id)}"
+        ) from exc
     try:
         reply = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:

@@ -4,12 +4,16 @@
 `read_swarm` asks each initial peer in turn and keeps what verifies (the same
 `MembershipTable.merge` nodes use: signature, seq, expiry) as a `SwarmSnapshot`.
 Requests carry the swarm key's HMAC (drift.wire.auth), never the key itself.
+`dial_failure` turns a failed connection into one line saying what to do (a TLS address
+against a plain node, or the reverse, names the address to write instead).
 The only module of drift/swarm that does I/O.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ssl
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,8 +21,9 @@ from typing import Any
 
 import aiohttp
 import orjson
+from yarl import URL
 
-from drift.identity import JoinToken
+from drift.identity import JoinToken, format_hostport
 from drift.swarm.coverage import Coverage, all_coverages
 from drift.swarm.dial import is_wrong_peer, peer_ssl
 from drift.swarm.record import PeerRecord
@@ -63,10 +68,7 @@ async def fetch_table(
             status = resp.status
             headers = resp.headers
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-        if is_wrong_peer(exc):
-            raise PeerUnavailable(f"the node at {url} is not {expect_peer_id}: its TLS "
-                                  "certificate proves another identity") from exc  # fmt: skip
-        raise PeerUnavailable(f"cannot read {url}{SWARM_PATH}: {exc!r}") from exc
+        raise PeerUnavailable(await dial_failure(exc, url, expect_peer_id)) from exc
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -82,6 +84,63 @@ async def fetch_table(
     if peer_id != expect_peer_id:
         raise PeerUnavailable(f"the node at {url} is {peer_id!r}, not {expect_peer_id!r}")
     return TableReply(str(peer_id), data["records"], time.monotonic() - started)
+
+
+PROBE_TIMEOUT_S = 3.0  # a TLS handshake tried to explain a failed plain-HTTP request, seconds
+
+
+async def dial_failure(exc: BaseException, url: str, peer_id: str) -> str:
+    """One line for a request to `url` (peer `peer_id`) that failed with `exc`: a scheme
+    mismatch names the address to write instead, never an SSL repr."""
+    parsed = URL(url)
+    host, port = parsed.host or "", parsed.port or 0
+    where = format_hostport(host, port)
+    if is_wrong_peer(exc):
+        return f"the node at {where} is not {peer_id}: its TLS certificate proves another identity"
+    if parsed.scheme == "https" and isinstance(exc, aiohttp.ClientSSLError | ssl.SSLError):
+        plain = JoinToken(peer_id, host, port, tls=False)
+        return (f"the node at {where} does not speak TLS (started with --plain_http?), but the "
+                f"address asks for TLS: write it as {plain} (multiaddr {plain.to_multiaddr()}), "
+                "or restart that node without --plain_http")  # fmt: skip
+    refused = isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError)
+    if parsed.scheme == "http" and refused and await _speaks_tls(host, port):
+        tls = JoinToken(peer_id, host, port)
+        return (
+            f"the node at {where} speaks TLS (the default), but the address says plain "
+            f"HTTP (?tls=off or /http): write it as {tls} (multiaddr {tls.to_multiaddr()})"
+        )
+    return f"cannot reach {url}: {_why(exc)}"
+
+
+def _why(exc: BaseException) -> str:
+    """What went wrong, in words (an OSError's strerror, not a repr)."""
+    if isinstance(exc, asyncio.TimeoutError):
+        return "timed out"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "the node closed the connection without answering"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return str(exc.os_error.strerror or exc.os_error)
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
+
+
+async def _speaks_tls(host: str, port: int) -> bool:
+    """True when a TLS handshake with host:port succeeds (no certificate check: only asking
+    whether it speaks TLS; nothing is sent after the handshake)."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        _, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port, ssl=context), PROBE_TIMEOUT_S
+        )
+    except (OSError, asyncio.TimeoutError, ssl.SSLError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError, ssl.SSLError):
+        await writer.wait_closed()
+    return True
 
 
 async def read_limited(resp: aiohttp.ClientResponse, limit: int) -> bytes:

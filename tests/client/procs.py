@@ -6,13 +6,13 @@ test (fixture) that started it.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
-import urllib.request
 from pathlib import Path
 
+from drift.identity.tokens import parse_join_tokens
+from drift.swarm.reader import read_swarm_blocking
 from tests.procs import DriftProc
 
 PEER_RE = re.compile(r"peer id (\S+) listening on 127\.0\.0\.1:(\d+)")
@@ -46,11 +46,10 @@ class ServerProc(DriftProc):
         return self
 
     def swarm_peers(self) -> set[str]:
-        """Peer ids of online servers in this process's GET /swarm."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/swarm", timeout=10) as resp:
-            records = json.load(resp)["records"]
-        return {r["peer_id"] for r in records
-                if r.get("state") == "online" and r.get("end_block") is not None}  # fmt: skip
+        """Peer ids of online servers in this process's GET /swarm (over TLS, checked
+        against its peer id)."""
+        snap = read_swarm_blocking(parse_join_tokens(self.token), timeout_s=10)
+        return {r.peer_id for r in snap.live() if r.state == "online" and r.end_block is not None}
 
     def wait_members(self, peer_ids: set[str], timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout

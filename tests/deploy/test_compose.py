@@ -36,7 +36,7 @@ def subcommands() -> dict[str, argparse.ArgumentParser]:
     return {}
 
 
-SEED_TOKEN = f"drift://{FAKE_PEER}@172.28.0.10:31337?tls=off"
+SEED_TOKEN = f"drift://{FAKE_PEER}@172.28.0.10:31337"
 
 
 def full_argv(service: dict) -> list[str]:

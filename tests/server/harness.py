@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from drift.identity import Identity
+from drift.models.checkpoint import open_checkpoint
 from drift.node import MembershipNode, NodeConfig, RunningApp, build_node_app, start_app
 from drift.server.build import attach_server, load_server
 from drift.server.config import ServerConfig
+from drift.server.parts import PartsService, add_parts_routes
 from drift.server.state import BlockServer
 
 
@@ -32,12 +34,14 @@ class RunningServer:
 
 async def start_block_server(
     model_dir: Path, start_block: int, end_block: int, *, swarm_key: str | None = None,
-    initial_peers: tuple[Any, ...] = (), node: dict[str, Any] | None = None, **overrides: Any,
+    initial_peers: tuple[Any, ...] = (), node: dict[str, Any] | None = None,
+    parts_cache: Path | None = None, **overrides: Any,
 ) -> RunningServer:  # fmt: skip
     """A real server for blocks [start_block, end_block) of the checkpoint at model_dir.
 
     `overrides` are ServerConfig fields (throughput defaults to 100 to skip the benchmark),
-    `node` NodeConfig fields.
+    `node` NodeConfig fields; `parts_cache`: also serve the client parts (drift.server.parts),
+    prepared under that dir, as `drift server` does.
     """
     config = ServerConfig(
         model=str(model_dir), start_block=start_block, end_block=end_block, device="cpu",
@@ -60,5 +64,8 @@ async def start_block_server(
     )
     app = build_node_app(node)
     attach_server(app, server, node)
+    if parts_cache is not None:
+        ckpt = open_checkpoint(config.model, cache_dir=config.cache_dir)
+        add_parts_routes(app, PartsService(ckpt, parts_cache))
     running = await start_app(app, "127.0.0.1", 0)
     return RunningServer(f"http://127.0.0.1:{running.port}", server, node, running)
