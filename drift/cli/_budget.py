@@ -226,3 +226,43 @@ def read_budget(device: Any, *, max_memory: int | None = None, root: Path = Path
 
         figures.append(max_memory_figure(max_memory, resident_bytes() or 0, "this process holds"))
     return Budget(tuple(figures))
+
+
+def oom_kill_counts(root: Path = Path("/"), pid: str = "self") -> dict[str, int]:
+    """The kernel's OOM-kill counters that cover process `pid`: the host's (/proc/vmstat) and
+    its memory cgroups' (v1 memory.oom_control, v2 memory.events), by name; empty off Linux."""
+    out: dict[str, int] = {}
+    for line in (_read(root / "proc/vmstat") or "").splitlines():
+        if line.startswith("oom_kill "):
+            out["host"] = int(line.split()[1])
+    mounts = _mounts(root, pid)
+    for line in (_read(root / "proc" / pid / "cgroup") or "").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        v2 = parts[1] == ""
+        if not v2 and "memory" not in parts[1].split(","):
+            continue
+        fits = [m for m in mounts if (m.fstype == "cgroup2" if v2 else
+                                      m.fstype == "cgroup" and "memory" in m.options)]  # fmt: skip
+        if not fits:
+            continue
+        d = _cgroup_dir(fits[0], parts[2])
+        events = d / ("memory.events" if v2 else "memory.oom_control")
+        if events.exists():
+            out[str(d)] = _stat(events, "oom_kill")
+    return out
+
+
+def oom_kills_now(names: list[str], root: Path = Path("/")) -> dict[str, int]:
+    """The current values of counters named by `oom_kill_counts` (of another, maybe dead,
+    process): 'host', or a cgroup directory; a counter no longer readable is left out."""
+    out: dict[str, int] = {}
+    for name in names:
+        if name == "host":
+            out.update({k: v for k, v in oom_kill_counts(root, "self").items() if k == "host"})
+            continue
+        for events in (Path(name) / "memory.oom_control", Path(name) / "memory.events"):
+            if events.exists():
+                out[name] = _stat(events, "oom_kill")
+    return out
