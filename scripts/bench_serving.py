@@ -246,6 +246,8 @@ def parser() -> argparse.ArgumentParser:
     where.add_argument("--swarm", metavar="MODEL",
                        help="start 2 `drift server`s over the block halves of MODEL and a "
                             "`drift api` with its defaults on 127.0.0.1, bench it, stop them")  # fmt: skip
+    p.add_argument("--api_args", default="",
+                   help="with --swarm: more `drift api` flags, e.g. '--prefix_sessions 0'")  # fmt: skip
     p.add_argument("--api_key", default="", help="Bearer key (none: no Authorization header)")
     p.add_argument("--model", default="", help="model id to request (default: the first listed)")
     p.add_argument("--loads", type=_load, nargs="+", default=[parse_load("concurrency:1")],
@@ -280,7 +282,7 @@ def main() -> None:
     if args.swarm:
         from serving_swarm import api_over_swarm
 
-        with api_over_swarm(args.swarm) as (url, key):
+        with api_over_swarm(args.swarm, args.api_args.split()) as (url, key):
             summaries = asyncio.run(bench(url, key, args))
     else:
         summaries = asyncio.run(bench(args.url.rstrip("/"), args.api_key, args))

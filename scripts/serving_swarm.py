@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -28,8 +28,9 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def api_over_swarm(model: str) -> Iterator[tuple[str, str]]:
-    """(base URL, API key) of `drift api` over a fresh 2-server loopback swarm of `model`."""
+def api_over_swarm(model: str, api_args: Sequence[str] = ()) -> Iterator[tuple[str, str]]:
+    """(base URL, API key) of `drift api` (its defaults, then `api_args`) over a fresh
+    2-server loopback swarm of `model`."""
     from bench_client import ServerProcs
 
     from drift.models.checkpoint import open_checkpoint
@@ -44,7 +45,7 @@ def api_over_swarm(model: str) -> Iterator[tuple[str, str]]:
             log = Path(tmp) / "api.log"
             cmd = [sys.executable, "-m", "drift.cli", "api", str(ckpt.path), "--initial_peers",
                    procs.token, "--port", str(port), "--api_key", KEY,
-                   "--served_model_name", model]  # fmt: skip
+                   "--served_model_name", model, *api_args]  # fmt: skip
             with open(log, "wb") as out:
                 api = subprocess.Popen(cmd, stdout=out, stderr=out)
             deadline = time.monotonic() + 180
@@ -52,7 +53,8 @@ def api_over_swarm(model: str) -> Iterator[tuple[str, str]]:
                 if api.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"drift api did not start:\n{log.read_text()}")
                 time.sleep(0.2)
-            print(f"2 servers {procs.urls}, drift api on 127.0.0.1:{port} (defaults)",
+            flags = " ".join(["(defaults)", *api_args])
+            print(f"2 servers {procs.urls}, drift api on 127.0.0.1:{port} {flags}",
                   file=sys.stderr, flush=True)  # fmt: skip
             yield f"http://127.0.0.1:{port}", KEY
         finally:
