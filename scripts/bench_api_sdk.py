@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import ssl
 import statistics
 import subprocess
 import sys
@@ -49,7 +50,7 @@ class Procs:
         log = self.tmp / f"{name}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen([sys.executable, "-m", "drift.cli", *args], stdout=out,
-                                    stderr=out, env=self.env)  # fmt: skip
+                                    stderr=out, env=self.env, cwd=ROOT)  # fmt: skip
         self.procs.append(proc)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -73,16 +74,39 @@ class Procs:
                 p.wait()
 
 
-def swarm(procs: Procs, model: str, n: int, tls: bool = False) -> str:
-    """Seed + two servers (plain HTTP unless `tls`); the join token."""
+def swarm(procs: Procs, model: str, n: int, tls: bool = False) -> tuple[str, list[str]]:
+    """Seed + two servers (plain HTTP unless `tls`); the join token and the servers' URLs."""
     net = ["--host_maddrs", "/ip4/127.0.0.1/tcp/0", "--cache_dir", str(procs.tmp)]
     net += [] if tls else ["--plain_http"]
     token = procs.start("seed", ["dht", *net], r"join token: (\S+)").group(1)
+    urls: list[str] = []
     for start, end in ((0, n // 2), (n // 2, n)):
         procs.start(f"server-{start}", ["server", model, "--block_indices", f"{start}:{end}",
                                         "--throughput", "100", "--initial_peers", token, *net],
                     r"join token: (\S+)")  # fmt: skip
-    return token
+        text = (procs.tmp / f"server-{start}.log").read_text(errors="replace")
+        port = re.search(r"listening on 127\.0\.0\.1:(\d+)", text)
+        assert port, text
+        urls.append(f"{'https' if tls else 'http'}://127.0.0.1:{port.group(1)}")
+    return token, urls
+
+
+def batch_waits(urls: list[str]) -> str:
+    """Each server's step-batch waits and vain waits (drift_batch_* on /metrics)."""
+    out = []
+    for url in urls:
+        try:
+            ctx = ssl._create_unverified_context()  # the servers' self-signed certificates
+            with urllib.request.urlopen(f"{url}/metrics", timeout=10, context=ctx) as resp:
+                text = resp.read().decode()
+        except OSError as exc:
+            out.append(f"{url}: {exc}")
+            continue
+        found = dict(re.findall(r"^(drift_batch_\w+_total) (\S+)", text, re.M))
+        waits = found.get("drift_batch_waits_total", "n/a")
+        vain = found.get("drift_batch_vain_waits_total", "n/a")
+        out.append(f"{waits} waits, {vain} vain")
+    return "; ".join(out)
 
 
 def api(procs: Procs, name: str, model: str, token: str, extra: list[str]) -> str:
@@ -175,7 +199,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         procs = Procs(Path(tmp))
         try:
-            token = swarm(procs, str(ckpt.path), n, args.tls)
+            token, servers = swarm(procs, str(ckpt.path), n, args.tls)
             url = api(procs, "api", str(ckpt.path), token, args.api_flags.split())
             cold_url = api(procs, "api-cold", str(ckpt.path), token, ["--prefix_sessions", "0"])
             model = AutoDistributedModelForCausalLM.from_pretrained(ckpt.path,
@@ -202,6 +226,7 @@ def main() -> None:
                     for k, v in got.items():
                         rows.setdefault(k, []).append(v)
             model.close()
+            print(f"servers' step batches: {batch_waits(servers)}")
         finally:
             procs.stop()
     med = {k: {f: statistics.median(r[f] for r in v) for f in ("tps", "ttft")}
