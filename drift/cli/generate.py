@@ -16,7 +16,7 @@ from typing import Any
 
 from drift.cli._exits import usage_errors
 from drift.cli._options import add_cache_dir, add_initial_peers, add_swarm_key, add_torch_dtype
-from drift.cli._secrets import swarm_key_from
+from drift.identity.swarm_key import resolve_swarm_key
 from drift.identity.tokens import JoinToken, parse_join_tokens
 from drift.wire.errors import BadRequest
 
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         if args.max_new_tokens < 1:
             raise BadRequest("--max_new_tokens must be at least 1")
         tokens = parse_join_tokens(args.initial_peers)
-        key = swarm_key_from(args.swarm_key, args.swarm_key_file, tokens)
+        key = resolve_swarm_key(args.swarm_key, key_file=args.swarm_key_file, tokens=tokens)
     what = args.model or "the swarm's model"
     print(f"loading the client side of {what} ...", file=sys.stderr, flush=True)
     model, tokenizer = load_client(
