@@ -95,7 +95,7 @@ def main() -> None:
     n = int(ckpt.config.get_text_config().num_hidden_layers)
     vocab = int(ckpt.config.get_text_config().vocab_size)
     room = max(lengths) + args.new + 64
-    flags = ("--inference_max_length", str(room), "--attn_cache_tokens", str(32 * room))
+    flags = ("--inference_max_length", str(room), "--attn_cache_tokens", str(max(8192, room)))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         procs = ServerProcs(str(ckpt.path), [(0, n // 2), (n // 2, n)], Path(tmp), flags)
