@@ -24,6 +24,7 @@ from drift.server.batcher import StepBatcher
 from drift.server.budget import CacheBudget
 from drift.wire.checks import ACTIVATION_DTYPES, StepLimits
 from drift.wire.errors import Busy, LengthExceeded, UnknownAdapter, UnknownSession
+from drift.wire.extend import SessionExtended
 from drift.wire.lora import split_lora
 from drift.wire.messages import OpenSession, SessionOpened, StepRequest, StepResponse
 
@@ -86,6 +87,25 @@ class SessionManager:
         self.sessions[session.session_id] = session
         log.debug("opened session %s: %s", session.session_id, req)
         return session, SessionOpened(session.session_id, req.max_length)
+
+    def extend(self, session_id: str, max_length: int) -> SessionExtended:
+        """Room for `max_length` tokens in an open session, in place: the extra cache room is
+        reserved (or CacheFull, LengthExceeded past the limit: then nothing changes) and the
+        session keeps what it holds. Not above its own max_length: nothing changes."""
+        session = self.get(session_id)
+        req = session.request
+        if max_length > req.max_length:
+            if max_length > self.max_length:
+                raise LengthExceeded(f"max_length {max_length} exceeds this server's limit "
+                                     f"of {self.max_length}")  # fmt: skip
+            n_blocks = req.end_block - req.start_block
+            more = (max_length - req.max_length) * req.batch_size * n_blocks
+            session.reserved += self.budget.reserve(more)
+            session.request = dataclasses.replace(req, max_length=max_length)
+            session.limits = dataclasses.replace(session.limits, max_length=max_length)
+            session.cache.grow(max_length)  # a number: safe beside a step on the compute thread
+            log.debug("session %s extended to %d tokens", session_id, max_length)
+        return SessionExtended(session_id, session.request.max_length)
 
     def _new_cache(self, req: OpenSession) -> Any:
         return self.backend.span.new_session(
