@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import random
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,8 @@ from drift.cli._net import check_port_free, join_command
 from drift.cli._options import add_node_options
 from drift.cli._progress import progress_bar
 from drift.cli._secrets import new_swarm_key, read_key_file, write_key_file
+from drift.cli._service import DEFAULT_NAME as DEFAULT_SERVICE_NAME
+from drift.cli._service import build_spec, current_service, render
 from drift.cli._up_loops import BalanceConfig, start_loops
 from drift.cli.dht import node_config_from_args
 from drift.cli.procs import RecordHandle, exit_on_sigterm, process_record
@@ -68,6 +71,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=float,
         default=60.0,
         help="mean seconds between balance checks (default: 60)",
+    )
+    p.add_argument(
+        "--print-service",
+        "--print_service",
+        dest="print_service",
+        choices=["systemd", "launchd"],
+        default=None,
+        help="print a systemd user unit or a launchd agent that runs this same command as a "
+        "service (stable identity, restarted when it stops), and exit; see the comment at "
+        "its top for where to put it, its logs and how to stop it",
+    )
+    p.add_argument(
+        "--service_name",
+        default=DEFAULT_SERVICE_NAME,
+        help=f"the unit / agent name for --print-service (default: {DEFAULT_SERVICE_NAME}; "
+        "one per node on a machine)",
     )
     p.set_defaults(func=run)
 
@@ -119,7 +138,20 @@ def say(text: str) -> None:
 def run(args: argparse.Namespace) -> int:
     with usage_errors():
         cfg = up_config_from_args(args)
+        if args.print_service:
+            print(service_text(cfg, args), end="")
+            return 0
     return _run(cfg)
+
+
+def service_text(cfg: UpConfig, args: argparse.Namespace) -> str:
+    """The unit / agent for --print-service (drift.cli._service)."""
+    cache = cfg.server.cache_dir or resolve_cache_dir(None)
+    identity = cfg.identity_path or cache / "identity.key"
+    argv = getattr(args, "argv", None) or sys.argv[1:]
+    spec = build_spec(args.print_service, args.service_name, argv, identity_path=identity,
+                      cache_dir=cache)  # fmt: skip
+    return render(spec)
 
 
 def _run(cfg: UpConfig) -> int:
@@ -130,8 +162,9 @@ def _run(cfg: UpConfig) -> int:
         say(chosen.note)
     identity = chosen.identity
     say(f"peer id {identity.peer_id} (identity {chosen.path})")
+    service = {"service": s} if (s := current_service()) else {}
     with process_record("up", cache_dir=cfg.server.cache_dir, peer_id=identity.peer_id,
-                        model=cfg.model) as rec:  # fmt: skip
+                        model=cfg.model, **service) as rec:  # fmt: skip
         exit_on_sigterm()  # until the server runs, SIGTERM (drift down) ends it via `finally`
         return _load_and_serve(cfg, rec, identity)
 
