@@ -20,7 +20,7 @@ from typing import Any
 
 from drift.cli._exits import usage_errors
 from drift.cli._identity import open_node_identity
-from drift.cli._net import check_port_free, join_command
+from drift.cli._net import DEFAULT_PORT, check_port_free, join_command, pick_free_port
 from drift.cli._options import add_node_options
 from drift.cli._progress import progress_bar
 from drift.cli._secrets import new_swarm_key, read_key_file, write_key_file
@@ -102,6 +102,7 @@ class UpConfig:
     swarm_key_file: Path | None  # where a --private swarm's key lives (to tell joiners)
     start_delay_s: float  # max random wait before reading the swarm, seconds
     balance: BalanceConfig | None  # None: never move (pinned span or --balance_quality 0)
+    auto_port: bool = False  # the default port, not asked for: a busy one moves to a free one
 
 
 def up_config_from_args(args: argparse.Namespace) -> UpConfig:
@@ -120,7 +121,11 @@ def up_config_from_args(args: argparse.Namespace) -> UpConfig:
         if node.swarm_key is None:
             key_file = cache / "swarm.key"
             node = dataclasses.replace(node, swarm_key=private_swarm_key(key_file))
-    return UpConfig(args.model, node, server, identity_path, key_file, args.start_delay, balance)
+    argv = getattr(args, "argv", None) or sys.argv[1:]
+    asked = any(a.split("=", 1)[0] in ("--port", "--host_maddrs") for a in argv)
+    auto_port = node.port == DEFAULT_PORT and not args.host_maddrs and not asked
+    return UpConfig(args.model, node, server, identity_path, key_file, args.start_delay, balance,
+                    auto_port)  # fmt: skip
 
 
 def private_swarm_key(path: Path) -> str:
@@ -155,7 +160,14 @@ def service_text(cfg: UpConfig, args: argparse.Namespace) -> str:
 
 
 def _run(cfg: UpConfig) -> int:
-    check_port_free(cfg.node.host, cfg.node.port)  # before minutes of loading, not after
+    # before minutes of loading, not after; a second node on this machine takes the next port
+    if cfg.auto_port:
+        port, note = pick_free_port(cfg.node.host, cfg.node.port)
+        if note:
+            say(note)
+            cfg = dataclasses.replace(cfg, node=dataclasses.replace(cfg.node, port=port))
+    else:
+        check_port_free(cfg.node.host, cfg.node.port)
     chosen = open_node_identity(cfg.identity_path, cache_dir=cfg.server.cache_dir or Path("."),
                                 fallback=True)  # locked until this process exits  # fmt: skip
     if chosen.note:
