@@ -174,9 +174,8 @@ def _run(cfg: UpConfig) -> int:
         say(chosen.note)
     identity = chosen.identity
     say(f"peer id {identity.peer_id} (identity {chosen.path})")
-    service = {"service": s} if (s := current_service()) else {}
     with process_record("up", cache_dir=cfg.server.cache_dir, peer_id=identity.peer_id,
-                        model=cfg.model, **service) as rec:  # fmt: skip
+                        model=cfg.model, service=current_service()) as rec:  # fmt: skip
         exit_on_sigterm()  # until the server runs, SIGTERM (drift down) ends it via `finally`
         return _load_and_serve(cfg, rec, identity)
 
