@@ -46,8 +46,16 @@ def format_members(records: Sequence[PeerRecord], *, now: float | None = None) -
         rows.append((_short(rec.peer_id), ", ".join(rec.addrs) or "-", rec.role, span, state,
                      weights_label(rec), f"{rec.throughput:.1f}",
                      f"{rec.cache_tokens_left}/{rec.cache_tokens_total}",
-                     str(rec.active_sessions), load_label(rec)))  # fmt: skip
+                     sessions_label(rec), load_label(rec)))  # fmt: skip
     return _table(rows)
+
+
+def sessions_label(rec: PeerRecord) -> str:
+    """'2' (stepping), '2 +7 held' when some open sessions are idle (held prefixes)."""
+    held = int(rec.optional("held_sessions") or 0)
+    held = min(held, rec.active_sessions)
+    active = rec.active_sessions - held
+    return f"{active} +{held} held" if held else str(active)
 
 
 def load_label(rec: PeerRecord) -> str:

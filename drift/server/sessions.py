@@ -29,6 +29,7 @@ from drift.wire.lora import split_lora
 from drift.wire.messages import OpenSession, SessionOpened, StepRequest, StepResponse
 
 log = logging.getLogger(__name__)
+HELD_AFTER_S = 5.0  # a session no step used for this long counts as held, not active
 
 
 @dataclass
@@ -183,6 +184,12 @@ class SessionManager:
         self.budget.release(session.reserved)
         self.backend.executor.submit(session.cache.close)
         log.debug("closed session %s", session_id)
+
+    def held(self, idle_s: float = HELD_AFTER_S, now: float | None = None) -> int:
+        """Sessions open but not stepped for `idle_s` (a held prefix, an idle chat): room in
+        the cache, no load on the compute."""
+        now = time.monotonic() if now is None else now
+        return sum(1 for s in self.sessions.values() if not s.busy and now - s.last_used > idle_s)
 
     def reap(self, now: float | None = None) -> list[str]:
         """Close sessions idle past the timeout; returns their ids."""

@@ -124,10 +124,12 @@ class BlockServer:
         while True:
             self.sessions.reap()
             load = self.metrics.load()  # steps/s and tokens/s, charted by the dashboard
-            now = (self.budget.tokens_left, len(self.sessions.sessions), *load.values())
+            now = (self.budget.tokens_left, len(self.sessions.sessions), self.sessions.held(),
+                   *load.values())  # fmt: skip
             if self.announce is not None and now != last:
                 try:
-                    self.announce(cache_tokens_left=now[0], active_sessions=now[1], **load)
+                    self.announce(cache_tokens_left=now[0], active_sessions=now[1],
+                                  held_sessions=now[2], **load)  # fmt: skip
                 except Exception:  # announcing must never stop the reaper
                     log.exception("announce failed")
                 last = now
