@@ -51,8 +51,10 @@ def _resolve(name: str, modules: dict[str, Path]) -> str | None:
     return name or None
 
 
-def _imports(module: str, path: Path, modules: dict[str, Path]) -> tuple[set[str], set[str]]:
-    """(drift modules imported by `module`, top-level third-party packages it imports)."""
+def _imports(module: str, path: Path, modules: dict[str, Path],
+             face_value: bool = False) -> tuple[set[str], set[str]]:  # fmt: skip
+    """(drift modules imported by `module`, top-level third-party packages it imports).
+    `face_value`: `from pkg import sub` imports pkg (its __init__, which runs first) as written."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     inner, outer = set(), set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -65,8 +67,8 @@ def _imports(module: str, path: Path, modules: dict[str, Path]) -> tuple[set[str
                 up = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(up + ([base] if base else []))
             # `from pkg import sub` imports pkg.sub; `from pkg import name` imports pkg itself
-            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
-                     for a in node.names]  # fmt: skip
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules and not face_value
+                     else base for a in node.names]  # fmt: skip
         for name in names:
             if name.startswith("drift"):
                 target = _resolve(name, modules)
@@ -82,11 +84,11 @@ def _layer(module: str) -> str:
     return parts[1] if len(parts) > 1 else "drift"
 
 
-def _graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+def _graph(face_value: bool = False) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     modules = _modules()
     graph, third = {}, {}
     for module, path in modules.items():
-        graph[module], third[module] = _imports(module, path, modules)
+        graph[module], third[module] = _imports(module, path, modules, face_value)
     return graph, third
 
 
@@ -134,6 +136,13 @@ def test_no_import_cycles_between_files() -> None:
     graph, _ = _graph()
     files = {a: {b for b in bs if not _package_import(a, b)} for a, bs in graph.items()}
     assert _cycles(files) == []
+
+
+def test_no_import_cycle_through_a_package_init() -> None:
+    """`from drift.client import transport` in a module that drift/client/__init__.py reaches
+    is a cycle through the package's __init__ (issue 34): import the module itself instead."""
+    graph, _ = _graph(face_value=True)
+    assert _cycles(graph) == []
 
 
 @pytest.mark.parametrize("layer", sorted(ALLOWED))

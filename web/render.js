@@ -126,7 +126,8 @@ export function renderServers(tbody, records, selfPeerId, now, latency = () => n
       el("td", { "data-testid": "quant" }, r.quant || "—"),
       el("td", { class: "num" }, r.role === "dht" ? "—" : number(r.throughput)),
       el("td", { class: "num", "data-testid": "cache" }, cacheInUse(r)),
-      el("td", { class: "num", "data-testid": "sessions" }, r.role === "dht" ? "—" : r.active_sessions),
+      el("td", { class: "num", "data-testid": "sessions", title: "stepping + held (open, idle: prefixes)" },
+        r.role === "dht" ? "—" : sessionsText(r)),
       el("td", { class: "num", "data-testid": "latency" }, r.peer_id === selfPeerId ? "—"
         : latency(r.peer_id) == null ? "—" : `${number(latency(r.peer_id))} ms`),
       el("td", {}, r.version),
@@ -134,4 +135,10 @@ export function renderServers(tbody, records, selfPeerId, now, latency = () => n
     );
     return row;
   }));
+}
+
+// "2" stepping sessions, or "2 +7 held" when some open sessions are idle (a held prefix).
+export function sessionsText(r) {
+  const held = Math.min(r.held_sessions || 0, r.active_sessions);
+  return held ? `${r.active_sessions - held} +${held} held` : String(r.active_sessions);
 }

@@ -67,7 +67,7 @@ class SessionPool:
         cache.crop(best_n)  # the next step starts at the first token not shared
         cache.last_sequences = None
         if session.max_length < max_length:
-            session.extend(max_length)  # reopened longer: the servers replay its inputs
+            session.extend(max_length)  # grown in place: the servers keep its caches
         with self._lock:
             self.hits += 1
             self.reused_tokens += best_n

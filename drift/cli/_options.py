@@ -65,7 +65,7 @@ def split_tokens(text: str) -> list[str]:
 
 
 def add_swarm_key(p: argparse.ArgumentParser) -> None:
-    """--swarm_key and --swarm_key_file (read by drift.cli._secrets.swarm_key_from)."""
+    """--swarm_key and --swarm_key_file (resolved by drift.identity.swarm_key.resolve_swarm_key)."""
     p.add_argument("--swarm_key", default=None, help=SWARM_KEY_HELP)
     p.add_argument("--swarm_key_file", default=None, help=SWARM_KEY_FILE_HELP)
 

@@ -3,7 +3,8 @@
 A secret (the swarm key, API keys) comes from its flag (visible in the process list, so a
 warning says so), its key file flag (`--swarm_key_file`, one line), their environment
 variables (`DRIFT_SWARM_KEY`, `DRIFT_API_KEY`, `..._FILE`) or the config file -- settled
-once by drift.cli._settings -- or, for the swarm key, the `?key=` of a join token.
+once by drift.cli._settings -- or, for the swarm key, the `?key=` of a join token (the one
+precedence, and read_key_file: drift.identity.swarm_key).
 `scrub_argv` hides secrets in a command line before it is stored anywhere; `new_swarm_key`/`write_key_file` make the key of a new private swarm (mode 0600).
 """
 
@@ -16,8 +17,7 @@ import secrets
 from collections.abc import Sequence
 from pathlib import Path
 
-from drift.identity import JoinToken
-from drift.wire.errors import BadRequest
+from drift.identity.swarm_key import read_key_file
 
 log = logging.getLogger("drift.secrets")
 
@@ -25,32 +25,6 @@ SECRET_ENV = {"DRIFT_SWARM_KEY": "swarm_key", "DRIFT_API_KEY": "api_key"}
 SECRET_FLAGS = ("--swarm_key", "--api_key")  # flags whose value is a secret
 HIDDEN = "***"
 _TOKEN_KEY = re.compile(r"([?&]key=)[^&\s]*")
-
-
-def read_key_file(path: str | os.PathLike[str]) -> str:
-    """The key in a file (its first line, stripped); BadRequest naming the file otherwise."""
-    path = Path(path).expanduser()
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise BadRequest(f"cannot read key file {path}: {exc.strerror}") from exc
-    key = text.strip().splitlines()[0].strip() if text.strip() else ""
-    if not key:
-        raise BadRequest(f"key file {path} is empty")
-    if os.name == "posix" and path.stat().st_mode & 0o077:
-        log.warning("key file %s is readable by other users: chmod 600 %s", path, path)
-    return key
-
-
-def swarm_key_from(flag: str | None, key_file: str | None,
-                   tokens: Sequence[JoinToken] = ()) -> str | None:  # fmt: skip
-    """The swarm key: --swarm_key, else --swarm_key_file, else a token's ?key= (the command
-    line, $DRIFT_SWARM_KEY(_FILE) and the config file fill the flags: drift.cli._settings)."""
-    if flag:
-        return flag
-    if key_file:
-        return read_key_file(key_file)
-    return next((t.swarm_key for t in tokens if t.swarm_key), None)
 
 
 def api_keys_from(flags: Sequence[str], key_file: str | None) -> tuple[str, ...]:

@@ -22,7 +22,8 @@ from drift.cli._options import (
     add_swarm_key,
     add_torch_dtype,
 )
-from drift.cli._secrets import api_keys_from, swarm_key_from
+from drift.cli._secrets import api_keys_from
+from drift.identity.swarm_key import resolve_swarm_key
 from drift.wire.errors import DriftError
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ def _engine(args: argparse.Namespace, model_id: str | None) -> Any:
     from drift.identity.tokens import parse_join_tokens
 
     tokens = parse_join_tokens(args.initial_peers)
-    key = swarm_key_from(args.swarm_key, args.swarm_key_file, tokens)
+    key = resolve_swarm_key(args.swarm_key, key_file=args.swarm_key_file, tokens=tokens)
     model, tokenizer = load_client(args.model, tokens, swarm_key=key,
                                    cache_dir=args.cache_dir, torch_dtype=args.torch_dtype)  # fmt: skip
     model_id = model_id or model.base_model_name  # no MODEL: the name the swarm announces

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -114,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
     work = Path(tempfile.mkdtemp(prefix="drift-demo-"))
     deadline = time.monotonic() + args.timeout
     procs: list[subprocess.Popen[bytes]] = []
+    rc = 1
     try:
         token = None
         for i, (start, end) in enumerate(spans):
@@ -132,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
             token = token or _wait_token(procs[0], cache, deadline)
         for p in procs[1:]:
             _wait_token(p, cache, deadline)
-        return _generate(args, token, cache, deadline)
+        rc = _generate(args, token, cache, deadline)
+        return rc
     except (RuntimeError, TimeoutError, DriftError) as exc:
         print(f"drift demo: {exc}; server logs in {work}", file=sys.stderr)
         return 1
@@ -142,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
                   "stop it with: drift down", flush=True)  # fmt: skip
         else:
             _stop(procs)
+            _clean(work, keep_logs=rc != 0)
 
 
 def _generate(args: argparse.Namespace, token: str | None, cache: Path, deadline: float) -> int:
@@ -172,8 +176,18 @@ def _generate(args: argparse.Namespace, token: str | None, cache: Path, deadline
     print(
         f"{result.new_tokens} tokens in {result.seconds:.1f}s: {result.tokens_per_s:.1f} tokens/s"
     )
-    print(f"dashboard: {tokens[0].url}/")
+    if args.keep:  # otherwise the servers stop now: no URL that would not open
+        print(f"dashboard: {tokens[0].url}/")
     return 0
+
+
+def _clean(work: Path, *, keep_logs: bool) -> None:
+    """Remove the servers' identity keys; the whole work dir too unless its logs are needed."""
+    for key in work.glob("*.key*"):
+        key.unlink(missing_ok=True)
+    if keep_logs:
+        return
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def _stop(procs: list[subprocess.Popen[bytes]]) -> None:

@@ -15,9 +15,9 @@ from drift.cli._exits import usage_errors
 from drift.cli._identity import NodeIdentity, open_node_identity
 from drift.cli._net import check_port_free
 from drift.cli._options import add_node_options, listen_address, tls_enabled
-from drift.cli._secrets import swarm_key_from
 from drift.cli.procs import exit_on_sigterm, process_record
 from drift.identity import format_hostport, parse_join_tokens
+from drift.identity.swarm_key import resolve_swarm_key
 from drift.identity.tokens import parse_multiaddr
 from drift.node import MembershipNode, NodeConfig, RunningApp, build_node_app, run_node
 from drift.paths import resolve_cache_dir
@@ -39,7 +39,7 @@ def node_config_from_args(args: argparse.Namespace) -> NodeConfig:
         a_host, a_port, _ = parse_multiaddr(maddr, need_peer_id=False)
         public_addrs.append(f"{'https' if tls else 'http'}://{format_hostport(a_host, a_port)}")
     tokens = parse_join_tokens(args.initial_peers)
-    swarm_key = swarm_key_from(args.swarm_key, args.swarm_key_file, tokens)
+    swarm_key = resolve_swarm_key(args.swarm_key, key_file=args.swarm_key_file, tokens=tokens)
     if args.gossip_interval <= 0 or args.record_ttl <= args.gossip_interval or args.fanout < 1:
         raise BadRequest(
             "need --gossip_interval > 0, --record_ttl > --gossip_interval, --fanout >= 1"

@@ -2,7 +2,8 @@
 
 Stopping is graceful first (SIGTERM: a node publishes itself offline and drains), then a
 kill after --timeout. Stale records are removed; a process that reused a recorded pid is
-left alone. Exit code 1 when something survived. Knows nothing about what the processes do.
+left alone, and so is a node a service manager runs (`drift up --print-service`): the user is
+told the command that stops it there. Exit code 1 when something is still running. Knows nothing about what the processes do.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 from drift.cli._options import add_cache_dir
+from drift.cli._service import stop_hint
 from drift.cli.procs import (
     ProcessRecord,
     how_it_died,
@@ -53,7 +55,8 @@ def describe(record: ProcessRecord) -> str:
     port = f"port {record.port}" if record.port else "no port yet"
     peer = f"peer {record.peer_id[:16]}..." if record.peer_id else "no peer id"
     model = f", {record.extra['model']}" if record.extra.get("model") else ""
-    return f"{record.kind:<6} pid {record.pid:<7} {port}, {peer}{model}, up {_age(age)}"
+    service = f", service {record.extra['service']}" if record.extra.get("service") else ""
+    return f"{record.kind:<6} pid {record.pid:<7} {port}, {peer}{model}{service}, up {_age(age)}"
 
 
 def _age(seconds: float) -> str:
@@ -98,7 +101,13 @@ def run(args: argparse.Namespace) -> int:
         for _, record in live:
             print(describe(record))
         return 0
-    return 1 if stop_all(live, args.timeout) else 0
+    managed = [(p, r) for p, r in live if r.extra.get("service")]
+    for _, record in managed:  # stopping it here would only see it restarted
+        print(f"not stopping {describe(record)}: a service runs it; stop it there: "
+              f"{stop_hint(str(record.extra['service']))}")  # fmt: skip
+    rest = [(p, r) for p, r in live if not r.extra.get("service")]
+    survivors = stop_all(rest, args.timeout) if rest else 0
+    return 1 if survivors or managed else 0
 
 
 def stop_all(live: list[tuple[Path, ProcessRecord]], timeout_s: float) -> int:

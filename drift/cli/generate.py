@@ -16,7 +16,7 @@ from typing import Any
 
 from drift.cli._exits import usage_errors
 from drift.cli._options import add_cache_dir, add_initial_peers, add_swarm_key, add_torch_dtype
-from drift.cli._secrets import swarm_key_from
+from drift.identity.swarm_key import resolve_swarm_key
 from drift.identity.tokens import JoinToken, parse_join_tokens
 from drift.wire.errors import BadRequest
 
@@ -79,12 +79,17 @@ def load_client(model: str | None, tokens: tuple[JoinToken, ...], *, swarm_key: 
                 cache_dir: str | None, torch_dtype: str) -> tuple[Any, Any]:  # fmt: skip
     """(distributed model, tokenizer) for `model` (None: the swarm's only model), routed
     through the swarm behind `tokens`; says on stderr what it downloaded."""
+    import torch
     from transformers import AutoTokenizer
 
     from drift.client import AutoDistributedModelForCausalLM
-    from drift.client.loading import open_client_model, resolve_dtype
+    from drift.client.loading import open_client_model
+    from drift.models.devices import parse_dtype
 
-    dtype = resolve_dtype(None, torch_dtype)  # a GGUF converts once, to what the client runs
+    # The CLI's "auto" is the flag's promise (float32 on CPU, where the head runs), not the
+    # SDK's transformers-style "the checkpoint's dtype": a bfloat16 checkpoint would otherwise
+    # run its head in bfloat16 beside float32 servers.
+    dtype = parse_dtype(torch_dtype, torch.device("cpu"))
     resolved = open_client_model(
         model, cache_dir=cache_dir, dtype=dtype, initial_peers=list(tokens), swarm_key=swarm_key
     )  # opened once
@@ -95,7 +100,7 @@ def load_client(model: str | None, tokens: tuple[JoinToken, ...], *, swarm_key: 
               file=sys.stderr, flush=True)  # fmt: skip
     print(f"model {resolved.origin.describe()}", file=sys.stderr, flush=True)
     dist = AutoDistributedModelForCausalLM.from_pretrained(  # refused if the swarm's differs
-        resolved, initial_peers=list(tokens), swarm_key=swarm_key, torch_dtype=torch_dtype
+        resolved, initial_peers=list(tokens), swarm_key=swarm_key, torch_dtype=dtype
     )
     try:
         tokenizer = AutoTokenizer.from_pretrained(resolved.ckpt.path)
@@ -142,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         if args.max_new_tokens < 1:
             raise BadRequest("--max_new_tokens must be at least 1")
         tokens = parse_join_tokens(args.initial_peers)
-        key = swarm_key_from(args.swarm_key, args.swarm_key_file, tokens)
+        key = resolve_swarm_key(args.swarm_key, key_file=args.swarm_key_file, tokens=tokens)
     what = args.model or "the swarm's model"
     print(f"loading the client side of {what} ...", file=sys.stderr, flush=True)
     model, tokenizer = load_client(

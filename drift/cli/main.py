@@ -127,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE
     configure_logging(log_level(args))
     warn_secret_flags(argv)
+    args.argv = argv  # the command line as given (drift up --print-service repeats it)
     return run_command(args)
 
 

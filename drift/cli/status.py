@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from drift.cli._exits import usage_errors
 from drift.cli._options import add_initial_peers, add_swarm_key
-from drift.cli._secrets import swarm_key_from
+from drift.identity.swarm_key import resolve_swarm_key
 from drift.identity.tokens import parse_join_tokens
 from drift.swarm import Coverage, PeerRecord, format_ranges, format_span
 from drift.swarm.reader import read_swarm_blocking
@@ -46,8 +46,16 @@ def format_members(records: Sequence[PeerRecord], *, now: float | None = None) -
         rows.append((_short(rec.peer_id), ", ".join(rec.addrs) or "-", rec.role, span, state,
                      weights_label(rec), f"{rec.throughput:.1f}",
                      f"{rec.cache_tokens_left}/{rec.cache_tokens_total}",
-                     str(rec.active_sessions), load_label(rec)))  # fmt: skip
+                     sessions_label(rec), load_label(rec)))  # fmt: skip
     return _table(rows)
+
+
+def sessions_label(rec: PeerRecord) -> str:
+    """'2' (stepping), '2 +7 held' when some open sessions are idle (held prefixes)."""
+    held = int(rec.optional("held_sessions") or 0)
+    held = min(held, rec.active_sessions)
+    active = rec.active_sessions - held
+    return f"{active} +{held} held" if held else str(active)
 
 
 def load_label(rec: PeerRecord) -> str:
@@ -99,7 +107,7 @@ def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     with usage_errors():
         tokens = parse_join_tokens(args.initial_peers)
-        key = swarm_key_from(args.swarm_key, args.swarm_key_file, tokens)
+        key = resolve_swarm_key(args.swarm_key, key_file=args.swarm_key_file, tokens=tokens)
     snap = read_swarm_blocking(tokens, swarm_key=key, timeout_s=args.timeout)
     coverages = snap.coverages(args.model)
     if args.json:

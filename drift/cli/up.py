@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import random
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +21,12 @@ from typing import Any
 from drift.cli._budget import parse_size
 from drift.cli._exits import usage_errors
 from drift.cli._identity import open_node_identity
-from drift.cli._net import check_port_free, join_command
+from drift.cli._net import DEFAULT_PORT, check_port_free, join_command, pick_free_port
 from drift.cli._options import add_node_options
 from drift.cli._progress import progress_bar
 from drift.cli._secrets import new_swarm_key, read_key_file, write_key_file
+from drift.cli._service import DEFAULT_NAME as DEFAULT_SERVICE_NAME
+from drift.cli._service import build_spec, current_service, render
 from drift.cli._up_loops import BalanceConfig, start_loops
 from drift.cli.dht import node_config_from_args
 from drift.cli.procs import RecordHandle, exit_on_sigterm, process_record
@@ -79,6 +82,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=60.0,
         help="mean seconds between balance checks (default: 60)",
     )
+    p.add_argument(
+        "--print-service",
+        "--print_service",
+        dest="print_service",
+        choices=["systemd", "launchd"],
+        default=None,
+        help="print a systemd user unit or a launchd agent that runs this same command as a "
+        "service (stable identity, restarted when it stops), and exit; see the comment at "
+        "its top for where to put it, its logs and how to stop it",
+    )
+    p.add_argument(
+        "--service_name",
+        default=DEFAULT_SERVICE_NAME,
+        help=f"the unit / agent name for --print-service (default: {DEFAULT_SERVICE_NAME}; "
+        "one per node on a machine)",
+    )
     p.set_defaults(func=run)
 
 
@@ -93,6 +112,7 @@ class UpConfig:
     swarm_key_file: Path | None  # where a --private swarm's key lives (to tell joiners)
     start_delay_s: float  # max random wait before reading the swarm, seconds
     balance: BalanceConfig | None  # None: never move (pinned span or --balance_quality 0)
+    auto_port: bool = False  # the default port, not asked for: a busy one moves to a free one
     max_memory: int | None = None  # --max_memory: this process's share of the machine, bytes
 
 
@@ -112,8 +132,11 @@ def up_config_from_args(args: argparse.Namespace) -> UpConfig:
         if node.swarm_key is None:
             key_file = cache / "swarm.key"
             node = dataclasses.replace(node, swarm_key=private_swarm_key(key_file))
+    argv = getattr(args, "argv", None) or sys.argv[1:]
+    asked = any(a.split("=", 1)[0] in ("--port", "--host_maddrs") for a in argv)
+    auto_port = node.port == DEFAULT_PORT and not args.host_maddrs and not asked
     return UpConfig(args.model, node, server, identity_path, key_file, args.start_delay, balance,
-                    getattr(args, "max_memory", None))  # fmt: skip
+                    auto_port, getattr(args, "max_memory", None))  # fmt: skip
 
 
 def private_swarm_key(path: Path) -> str:
@@ -131,11 +154,31 @@ def say(text: str) -> None:
 def run(args: argparse.Namespace) -> int:
     with usage_errors():
         cfg = up_config_from_args(args)
+        if args.print_service:
+            print(service_text(cfg, args), end="")
+            return 0
     return _run(cfg)
 
 
+def service_text(cfg: UpConfig, args: argparse.Namespace) -> str:
+    """The unit / agent for --print-service (drift.cli._service)."""
+    cache = cfg.server.cache_dir or resolve_cache_dir(None)
+    identity = cfg.identity_path or cache / "identity.key"
+    argv = getattr(args, "argv", None) or sys.argv[1:]
+    spec = build_spec(args.print_service, args.service_name, argv, identity_path=identity,
+                      cache_dir=cache)  # fmt: skip
+    return render(spec)
+
+
 def _run(cfg: UpConfig) -> int:
-    check_port_free(cfg.node.host, cfg.node.port)  # before minutes of loading, not after
+    # before minutes of loading, not after; a second node on this machine takes the next port
+    if cfg.auto_port:
+        port, note = pick_free_port(cfg.node.host, cfg.node.port)
+        if note:
+            say(note)
+            cfg = dataclasses.replace(cfg, node=dataclasses.replace(cfg.node, port=port))
+    else:
+        check_port_free(cfg.node.host, cfg.node.port)
     chosen = open_node_identity(cfg.identity_path, cache_dir=cfg.server.cache_dir or Path("."),
                                 fallback=True)  # locked until this process exits  # fmt: skip
     if chosen.note:
@@ -143,7 +186,7 @@ def _run(cfg: UpConfig) -> int:
     identity = chosen.identity
     say(f"peer id {identity.peer_id} (identity {chosen.path})")
     with process_record("up", cache_dir=cfg.server.cache_dir, peer_id=identity.peer_id,
-                        model=cfg.model) as rec:  # fmt: skip
+                        model=cfg.model, service=current_service()) as rec:  # fmt: skip
         exit_on_sigterm()  # until the server runs, SIGTERM (drift down) ends it via `finally`
         return _load_and_serve(cfg, rec, identity)
 

@@ -10,13 +10,14 @@ runs on. Reads no tensors.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 from typing import Any
 
 from transformers import PretrainedConfig
 
 from drift.client.config import ClientConfig
-from drift.client.loading import open_client_checkpoint, parse_peers
+from drift.client.loading import open_client_checkpoint, parse_peers, sdk_swarm_key
 from drift.client.pretrained_args import apply_overrides, drop_ignored
 from drift.client.remote import RemoteClient
 from drift.models.sharing import KVSharing
@@ -29,7 +30,7 @@ class AutoDistributedConfig:
         revision: str | None = None, token: str | bool | None = None, **kwargs: Any,
     ) -> PretrainedConfig:  # fmt: skip
         """The text config of `name_or_path` with `initial_peers` and `model_fingerprint`."""
-        tokens = parse_peers(initial_peers, None)  # refused now if they do not parse
+        tokens = parse_peers(initial_peers)  # refused now if they do not parse
         ckpt = open_client_checkpoint(name_or_path, cache_dir=cache_dir, revision=revision,
                                       token=token, initial_peers=tokens)  # fmt: skip
         config = copy.deepcopy(ckpt.config.get_text_config())
@@ -48,9 +49,9 @@ def client_for(config: PretrainedConfig, client_config: ClientConfig | None = No
             "this config does not say where the swarm is: build it with "
             "AutoDistributedConfig.from_pretrained(name, initial_peers=...)"
         )
-    tokens = parse_peers(peers, None)
-    keys = [t.swarm_key for t in tokens if t.swarm_key]
-    settings = client_config or ClientConfig(swarm_key=keys[0] if keys else None)
+    tokens = parse_peers(peers)
+    settings = client_config or ClientConfig()
+    settings = dataclasses.replace(settings, swarm_key=sdk_swarm_key(None, settings, tokens))
     client = RemoteClient(tokens, fingerprint, settings, KVSharing.from_config(config))
     client.adapter_of = functools.partial(getattr, config, "active_adapter", None)  # LoRA
     return client

@@ -2,8 +2,8 @@
 
 `model(ids)` keeps the call's inputs (`pending`) and costs nothing more until a later call
 continues from it: that call's session takes them first. `model(ids, use_cache=True)` steps
-the session at once. The session grows (each span reopened longer, its inputs replayed)
-when a step needs more room, and closes when the cache is collected or the model closed.
+the session at once. The session grows (each server's session extended in place) when a
+step needs more room, and closes when the cache is collected or the model closed.
 Knows nothing of the model: drift.client.backbone drives it.
 """
 
@@ -61,7 +61,7 @@ class ForwardCache(RemoteCache):
 
     def make_room(self, tokens: int) -> None:
         """Before stepping `tokens` session positions: grow the session if they do not fit,
-        doubling (few replays), else to what is needed (a server's largest max_length)."""
+        doubling (few round trips), else to what is needed (a server's largest max_length)."""
         needed = self.session.position + tokens
         if needed <= self.session.max_length:
             return

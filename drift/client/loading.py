@@ -20,8 +20,8 @@ import torch
 from drift.client.config import ClientConfig
 from drift.client.remote import RemoteClient
 from drift.client.resolve import Resolved, check_served, open_model
+from drift.identity.swarm_key import resolve_swarm_key
 from drift.identity.tokens import JoinToken, parse_join_tokens
-from drift.swarm.reader import swarm_key_of
 from drift.wire.checks import ACTIVATION_DTYPES
 from drift.wire.errors import DriftError, ModelMismatch
 
@@ -51,7 +51,7 @@ def resolve_dtype(dtype: Any, torch_dtype: Any, config: Any = None) -> torch.dty
     return value
 
 
-def parse_peers(initial_peers: Any, swarm_key: str | None) -> tuple[JoinToken, ...]:
+def parse_peers(initial_peers: Any) -> tuple[JoinToken, ...]:
     if initial_peers is None or (not isinstance(initial_peers, str) and not initial_peers):
         raise ValueError(
             "initial_peers is required: a join token 'drift://<peer_id>@host:port' or a "
@@ -63,9 +63,17 @@ def parse_peers(initial_peers: Any, swarm_key: str | None) -> tuple[JoinToken, .
         for item in items
         for t in ((item,) if isinstance(item, JoinToken) else parse_join_tokens(item))
     )
-    if swarm_key:
-        tokens = tuple(dataclasses.replace(t, swarm_key=swarm_key) for t in tokens)
     return tokens
+
+
+def sdk_swarm_key(swarm_key: str | None, config: ClientConfig | None,
+                  tokens: tuple[JoinToken, ...]) -> str | None:  # fmt: skip
+    """The SDK's key: swarm_key= or client_config's (ValueError when both, differing), else a
+    token's ?key= -- drift.identity.swarm_key.resolve_swarm_key, once per load."""
+    given = config.swarm_key if config is not None else None
+    if swarm_key and given and swarm_key != given:
+        raise ValueError("swarm_key= and client_config.swarm_key disagree; give one")
+    return resolve_swarm_key(swarm_key or given, tokens=tokens)
 
 
 def open_client_model(name_or_path: Any, *, cache_dir: Any = None,
@@ -76,8 +84,9 @@ def open_client_model(name_or_path: Any, *, cache_dir: Any = None,
     the client's), with where it came from: drift.client.resolve.open_model, given the
     parsed peers. One already opened is passed through, so a from_pretrained chain opens it
     once. `token`: the Hub's."""
-    peers = () if _no_peers(initial_peers) else parse_peers(initial_peers, swarm_key)
-    return open_model(name_or_path, initial_peers=peers, swarm_key=swarm_key_of(peers, swarm_key),
+    peers = () if _no_peers(initial_peers) else parse_peers(initial_peers)
+    key = sdk_swarm_key(swarm_key, None, peers)
+    return open_model(name_or_path, initial_peers=peers, swarm_key=key,
                       cache_dir=cache_dir, revision=revision, dtype=dtype, token=token)  # fmt: skip
 
 
@@ -102,11 +111,10 @@ def load_parts(
     from drift.models.devices import pick_device
     from drift.models.head import ClientHead
 
-    tokens = parse_peers(initial_peers, swarm_key)
+    tokens = parse_peers(initial_peers)
     config = client_config or ClientConfig()
-    key = config.swarm_key or swarm_key_of(tokens, swarm_key)
-    if key != config.swarm_key:
-        config = dataclasses.replace(config, swarm_key=key)
+    key = sdk_swarm_key(swarm_key, config, tokens)
+    config = dataclasses.replace(config, swarm_key=key)  # every layer below reads this one
     where = pick_device("cpu" if device is None else str(device))
     gguf_dtype = resolve_dtype(dtype, torch_dtype, None)  # a GGUF converts once, to it
     resolved = open_model(name_or_path, initial_peers=tokens, swarm_key=key, cache_dir=cache_dir,

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import aiohttp
 import torch
 
-from drift.client import transport
+import drift.client.transport as transport
 from drift.client.bans import BanList
 from drift.client.config import ClientConfig
 from drift.client.extras import Tensors, add_grads, hop_extras

@@ -28,7 +28,7 @@ from drift.models.checkpoint import Checkpoint, open_checkpoint
 from drift.models.sources.aliases import find_alias
 from drift.paths import default_cache_dir
 from drift.swarm.coverage import serving_records
-from drift.swarm.reader import read_swarm, swarm_key_of
+from drift.swarm.reader import read_swarm
 from drift.swarm.record import PeerRecord
 from drift.wire.errors import BadRequest, DriftError, ModelMismatch, NotFound
 from drift.wire.parts import PartsManifest, is_fingerprint
@@ -163,7 +163,8 @@ def open_model(
     cache_dir: Any = None, revision: str | None = None, dtype: torch.dtype | None = None,
     token: str | bool | None = None, progress: bool = True,
 ) -> Resolved:  # fmt: skip
-    """Open the model a client named (see the module docstring for the order)."""
+    """Open the model a client named (see the module docstring for the order); `swarm_key`:
+    the resolved key (drift.identity.swarm_key.resolve_swarm_key), proved as given."""
     if isinstance(name_or_path, Resolved):
         return name_or_path
     if isinstance(name_or_path, Checkpoint):
@@ -232,10 +233,9 @@ def _from_swarm(want: str | None, peers: tuple[JoinToken, ...], swarm_key: str |
                 cache: Path, progress: bool) -> Resolved:  # fmt: skip
     alias = find_alias(want) if want is not None else None
     also = (alias.name,) if alias is not None else ()
-    key = swarm_key_of(peers, swarm_key)
     loop = LoopThread()
     try:
-        fetched = loop.run(_fetch(want, also, peers, key, cache, progress))
+        fetched = loop.run(_fetch(want, also, peers, swarm_key, cache, progress))
     finally:
         loop.close()
     ckpt = _parts_checkpoint(fetched.directory, fetched.manifest)

@@ -2,14 +2,13 @@
 
 One WebSocket per span. Every input sent to a span is kept; when a server fails mid-
 session, its span is routed to other servers and that history is replayed into them,
-so generation continues with identical results; `extend` reopens every span longer the
-same way. Gemma 4: each step sends every span its per-layer inputs and the new positions'
-keys/values of donors in earlier spans (the servers keep the past ones); a replay carries
-them too. LoRA: a session asks its servers for a served adapter (`adapter`, at open), and
-sends LoRA weights being trained (`lora`) once per socket, with its first step. Steps take
-tensors on any device and give them back there, in the caller's dtype. Sync methods wrap
-the async core.
-"""
+so generation continues with identical results; `extend` grows every span's session in
+place (reopened and replayed only where a server refuses). Gemma 4: each step sends every
+span its per-layer inputs and the new positions' keys/values of donors in earlier spans
+(the servers keep the past ones); a replay carries them too. LoRA: a session asks its
+servers for a served adapter (`adapter`, at open), and sends LoRA weights being trained
+(`lora`) once per socket, with its first step. Steps take tensors on any device and give
+them back there, in the caller's dtype. Sync methods wrap the async core."""
 
 from __future__ import annotations
 
@@ -22,25 +21,13 @@ import torch
 from drift.client.extras import Tensors, hop_extras
 from drift.client.remote import RemoteClient, slice_prompts
 from drift.client.routing import Hop
+from drift.client.step_inputs import Chunk, StepInputs, split_step, to_cpu
 from drift.client.transport import SpanSocket
 from drift.wire import messages as m
 from drift.wire.errors import DriftError, LengthExceeded, PushRefused
 from drift.wire.extras import BLOCK_STATES
 from drift.wire.lora import in_span
 from drift.wire.push import NextHop
-
-
-@dataclass(frozen=True)
-class StepInputs:
-    """What one step sent to one span: enough to replay it exactly."""
-
-    hidden: torch.Tensor  # [B, T, H]
-    position: int
-    hypo_ids: torch.Tensor | None  # [B]
-    attention_mask: torch.Tensor | None  # [B, T]
-    prompts: torch.Tensor | None  # [n_blocks_of_session, B, P, H] (sliced per hop on send)
-    per_layer: torch.Tensor | None = None  # [B, T, n_blocks_of_session, P] (sliced per hop)
-    shared: Tensors = field(default_factory=dict)  # K/V of earlier donors this span read
 
 
 @dataclass
@@ -145,8 +132,8 @@ class InferenceSession:
                 f"session max_length {self.max_length} exceeded: position {position} + "
                 f"{tokens} new tokens; open the session with a larger max_length"
             )
-        step = StepInputs(hidden.to("cpu", self.dtype), position, _cpu(hypo_ids), _cpu(mask),
-                          _cpu(prompts), _cpu(per_layer))  # fmt: skip
+        step = StepInputs(hidden.to("cpu", self.dtype), position, to_cpu(hypo_ids), to_cpu(mask),
+                          to_cpu(prompts), to_cpu(per_layer))  # fmt: skip
         out, block_states = self.client.run(self._step(step, states))
         self.position = position + tokens
         back = None if block_states is None else block_states.to(hidden.device, hidden.dtype)
@@ -164,7 +151,7 @@ class InferenceSession:
         parts = split_step(step, self.client.config.prefill_chunk_tokens)
         if len(parts) == 1:
             return await self._whole(step, states)
-        chunks = [_Chunk(c, c.hidden) for c in parts]
+        chunks = [Chunk(c, c.hidden) for c in parts]
         if len(self.spans) > 1:
             await self._pipeline(chunks, states)
         for chunk in chunks:  # what the pipeline left (all, without one), with failovers
@@ -174,7 +161,7 @@ class InferenceSession:
             return hidden, None
         return hidden, torch.cat([torch.cat(c.outputs, dim=2) for c in chunks], dim=1)
 
-    async def _through(self, chunk: _Chunk, states: bool) -> None:
+    async def _through(self, chunk: Chunk, states: bool) -> None:
         """`chunk` through the spans it has not passed yet, one after another; a failed span
         is replaced (its history replayed) and the chunk sent again."""
         if chunk.error is not None:  # the pipeline's failure on span `depth`
@@ -186,7 +173,7 @@ class InferenceSession:
             except DriftError as exc:
                 await self._failover(chunk.depth, exc)  # then the replacement's first span
 
-    async def _advance(self, chunk: _Chunk, states: bool) -> None:
+    async def _advance(self, chunk: Chunk, states: bool) -> None:
         """`chunk` through span `chunk.depth`: kept in its history, the chunk moves on."""
         span = self.spans[chunk.depth]
         inputs = self._inputs(chunk.step, chunk.hidden, span.hop, chunk.shared)
@@ -197,11 +184,11 @@ class InferenceSession:
         chunk.shared.update(donated)
         chunk.hidden, chunk.depth = out, chunk.depth + 1
 
-    async def _pipeline(self, chunks: list[_Chunk], states: bool) -> None:
+    async def _pipeline(self, chunks: list[Chunk], states: bool) -> None:
         """Chunks through the spans, each span taking them in order as the one before gives
         them. At the first failure every span stops taking chunks; the failed chunk keeps
         its error, and `_through` finishes what is left in order."""
-        queues: list[asyncio.Queue[_Chunk | None]] = [asyncio.Queue() for _ in self.spans]
+        queues: list[asyncio.Queue[Chunk | None]] = [asyncio.Queue() for _ in self.spans]
         for chunk in chunks:
             queues[0].put_nowait(chunk)
         queues[0].put_nowait(None)
@@ -378,34 +365,50 @@ class InferenceSession:
                 shared.update(donated)
 
     def extend(self, max_length: int) -> None:
-        """Room for `max_length` tokens: every span is reopened that long and its inputs
-        replayed (as a failover does); before the first step, only the number changes. If
-        the servers refuse the new sessions, the session stays as it was and the error
-        rises (a server's largest max_length: LengthExceeded)."""
+        """Room for `max_length` tokens: each span's server grows its session in place
+        (drift.wire.extend: it keeps its cache, nothing is replayed); a span whose server
+        refuses (no room, its limit, an older server) is reopened that long on a new route
+        and its inputs replayed (as a failover does). Before the first step, only the number
+        changes. If no route takes a refused span, the error rises (a server's largest
+        max_length: LengthExceeded) and the session keeps its old max_length."""
         if max_length <= self.max_length:
             return
         if not self.spans:
             self.max_length = max_length
             return
-        self.client.run(self._reopen(max_length))
+        self.client.run(self._grow(max_length))
 
-    async def _reopen(self, max_length: int) -> None:
-        shorter, self.max_length = self.max_length, max_length
+    async def _grow(self, max_length: int) -> None:
+        refused: list[int] = []
+        for i, span in enumerate(self.spans):
+            try:
+                await span.socket.extend(max_length)
+            except DriftError:
+                refused.append(i)
+        if refused:
+            await self._reopen(max_length, refused)
+        self.max_length = max_length
+
+    async def _reopen(self, max_length: int, indices: list[int]) -> None:
+        """Spans `indices` reopened `max_length` long on new routes, their inputs replayed."""
+        shorter, self.max_length = self.max_length, max_length  # what _connect reserves
         fresh: list[list[SpanState]] = []
         try:  # all opened before any is given up: a refusal changes nothing
-            for span in self.spans:
+            for i in indices:
+                span = self.spans[i]
                 fresh.append(await self._connect(span.hop.start_block, span.hop.end_block))
         except BaseException:
-            self.max_length = shorter
             for group in fresh:
                 for new in group:
                     await new.socket.close()
             raise
-        old, self.spans = self.spans, []
-        for span, group in zip(old, fresh, strict=True):
-            await span.socket.close()
-            self.spans.extend(group)
-            await self._replay(group, span.history, span.hop.end_block)
+        finally:
+            self.max_length = shorter
+        for i, group in reversed(list(zip(indices, fresh, strict=True))):
+            old = self.spans[i]
+            await old.socket.close()
+            self.spans[i : i + 1] = group
+            await self._replay(group, old.history, old.hop.end_block)
 
     def close(self, *, wait: bool = True) -> None:
         """Close every span's socket (the servers free the caches); `wait=False` does not
@@ -424,36 +427,3 @@ class InferenceSession:
         for span in self.spans:
             await span.socket.close()
         self.spans = []
-
-
-@dataclass
-class _Chunk:
-    """A step's chunk on its way along the spans: where it is and what it has so far."""
-
-    step: StepInputs  # the chunk's inputs to the first span
-    hidden: torch.Tensor  # its input to span `depth` ([B, t, H])
-    depth: int = 0  # spans passed
-    shared: Tensors = field(default_factory=dict)  # K/V of its positions donated so far
-    outputs: list[torch.Tensor] = field(default_factory=list)  # blocks' outputs, when asked
-    error: DriftError | None = None  # the pipeline's failure on span `depth`
-
-
-def split_step(step: StepInputs, chunk_tokens: int) -> list[StepInputs]:
-    """`step` as consecutive chunks of at most `chunk_tokens` tokens per row (0: one piece);
-    the beam reorder goes with the first, deep prompts with all (they apply by position)."""
-    tokens = step.hidden.shape[1]
-    if chunk_tokens <= 0 or tokens <= chunk_tokens:
-        return [step]
-    out = []
-    for a in range(0, tokens, chunk_tokens):
-        b = min(tokens, a + chunk_tokens)
-        out.append(StepInputs(
-            step.hidden[:, a:b], step.position + a, step.hypo_ids if a == 0 else None,
-            None if step.attention_mask is None else step.attention_mask[:, a:b], step.prompts,
-            None if step.per_layer is None else step.per_layer[:, a:b], dict(step.shared),
-        ))  # fmt: skip
-    return out
-
-
-def _cpu(tensor: torch.Tensor | None) -> torch.Tensor | None:
-    return None if tensor is None else tensor.to("cpu")

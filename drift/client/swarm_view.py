@@ -19,7 +19,7 @@ from drift.client.latency import LatencyEwma
 from drift.client.routing import ServerInfo, missing_blocks
 from drift.identity.tokens import JoinToken
 from drift.swarm import MembershipTable, records_for_model
-from drift.swarm.reader import fetch_table, swarm_key_of
+from drift.swarm.reader import fetch_table
 from drift.wire.errors import DriftError, Forbidden, PeerUnavailable, Unauthorized
 
 
@@ -39,7 +39,6 @@ class SwarmView:
         self.bans = bans
         self.table = MembershipTable()  # the same merge rules as every node's
         self.latency = LatencyEwma()
-        self.swarm_key = swarm_key_of(initial_peers, config.swarm_key)
         self._last_refresh = 0.0
         self._lock = asyncio.Lock()
 
@@ -62,7 +61,7 @@ class SwarmView:
             for url, peer_id in self._sources():
                 try:
                     reply = await fetch_table(
-                        self.http, url, expect_peer_id=peer_id, swarm_key=self.swarm_key,
+                        self.http, url, expect_peer_id=peer_id, swarm_key=self.config.swarm_key,
                         timeout_s=self.config.table_timeout_s,
                         connect_timeout_s=self.config.connect_timeout_s,
                     )  # fmt: skip

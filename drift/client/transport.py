@@ -24,6 +24,7 @@ from drift.wire.auth import auth_headers, check_reply
 from drift.wire.checks import ACTIVATION_DTYPES
 from drift.wire.compress import pack, unpack
 from drift.wire.errors import DriftError, PeerUnavailable, from_payload
+from drift.wire.extend import ExtendSession, SessionExtended
 from drift.wire.frames import MEDIA_TYPE, decode_frame, encode_frame
 from drift.wire.push import NEXT, PUSH_ERROR, PUSHED, NextHop
 
@@ -177,6 +178,26 @@ class SpanSocket:
             await sock.close()
             raise
         return sock
+
+    async def extend(self, max_length: int) -> None:
+        """Room for `max_length` tokens in this socket's session, kept in place by the server
+        (drift.wire.extend); its refusal rises (LengthExceeded, CacheFull, or BadRequest from
+        a server that does not know `extend`). Replies to older steps are skipped."""
+        try:
+            await self.ws.send_str(orjson.dumps(ExtendSession(max_length).to_wire()).decode())
+        except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
+            raise PeerUnavailable(f"{self.hop.peer_id}: {exc!r}", peer_id=self.hop.peer_id) from exc
+        deadline = time.monotonic() + self.config.connect_timeout_s + self.config.min_step_timeout_s
+        while True:
+            msg = await self._receive(max(deadline - time.monotonic(), 0.001))
+            if msg.type != aiohttp.WSMsgType.TEXT:
+                continue  # a reply to a step given up on
+            obj = orjson.loads(msg.data)
+            if isinstance(obj, dict) and obj.get("step_id") is not None:
+                continue  # an error of a step given up on
+            self._raise_if_error(obj)
+            SessionExtended.from_wire(obj)
+            return
 
     async def _receive(self, timeout_s: float | None = None) -> aiohttp.WSMessage:
         timeout = self.config.step_timeout_s if timeout_s is None else timeout_s

@@ -1,13 +1,15 @@
 """SpanSession: one client's KV cache over a (sub-)span, fed a prompt and then new tokens.
 
 It keeps the growing 2D mask [B, position] (left padding, ALiBi), rolls back to an earlier
-position, reorders rows for beam search, and refuses to grow past max_length. `step` takes
+position, reorders rows for beam search, and refuses to grow past max_length (which `grow`
+raises in place, keeping what the session holds). `step` takes
 loose tensors and validates them (drift.wire.checks, the same checks the wire edge runs);
 `run` takes a step already validated there and trusts it. The layers run in the span.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -161,6 +163,13 @@ class SpanSession:
         rollback(self.cache, position)
         self.mask = self.mask[:, :position]
         self.position = position
+
+    def grow(self, max_length: int) -> None:
+        """Room for `max_length` tokens from now on; the cache, mask and position stay (the
+        cache grows as steps come, whatever the limit: nothing is copied here)."""
+        if max_length > self.max_length:
+            self.max_length = int(max_length)
+            self.limits = dataclasses.replace(self.limits, max_length=self.max_length)
 
     def close(self) -> None:
         self.closed = True

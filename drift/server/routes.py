@@ -29,6 +29,7 @@ from drift.server.steps import serve_frame
 from drift.wire.checks import ACTIVATION_DTYPES
 from drift.wire.compress import WIRE_DTYPE, check_form, pack, unpack
 from drift.wire.errors import BadRequest, Busy, DriftError, PayloadTooLarge
+from drift.wire.extend import EXTEND, ExtendSession
 from drift.wire.frames import MEDIA_TYPE, decode_frame, encode_frame
 from drift.wire.messages import (
     BackwardRequest,
@@ -225,6 +226,12 @@ async def _on_text(server: BlockServer, ws: web.WebSocketResponse, state: _Socke
             server.push.attach(session.session_id, ws)
             await _send(ws, opened.to_wire())
             return
+        if kind == EXTEND:
+            grow = ExtendSession.from_wire(obj)
+            if state.session_id is None:
+                raise BadRequest("no session is open on this socket: send 'open' first")
+            await _send(ws, server.sessions.extend(state.session_id, grow.max_length).to_wire())
+            return
         if kind == "close":
             CloseSession.from_wire(obj)
             if state.session_id is not None:
@@ -234,7 +241,7 @@ async def _on_text(server: BlockServer, ws: web.WebSocketResponse, state: _Socke
             await _send(ws, {"type": "session_closed", "version": PROTOCOL_VERSION})
             return
         raise BadRequest(
-            f"unexpected text message of type {kind!r}: send 'open' or 'close' as JSON "
+            f"unexpected text message of type {kind!r}: send 'open', 'extend' or 'close' as JSON "
             "and steps as binary tensor frames"
         )
     except DriftError as exc:

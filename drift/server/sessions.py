@@ -24,10 +24,12 @@ from drift.server.batcher import StepBatcher
 from drift.server.budget import CacheBudget
 from drift.wire.checks import ACTIVATION_DTYPES, StepLimits
 from drift.wire.errors import Busy, LengthExceeded, UnknownAdapter, UnknownSession
+from drift.wire.extend import SessionExtended
 from drift.wire.lora import split_lora
 from drift.wire.messages import OpenSession, SessionOpened, StepRequest, StepResponse
 
 log = logging.getLogger(__name__)
+HELD_AFTER_S = 5.0  # a session no step used for this long counts as held, not active
 
 
 @dataclass
@@ -86,6 +88,25 @@ class SessionManager:
         self.sessions[session.session_id] = session
         log.debug("opened session %s: %s", session.session_id, req)
         return session, SessionOpened(session.session_id, req.max_length)
+
+    def extend(self, session_id: str, max_length: int) -> SessionExtended:
+        """Room for `max_length` tokens in an open session, in place: the extra cache room is
+        reserved (or CacheFull, LengthExceeded past the limit: then nothing changes) and the
+        session keeps what it holds. Not above its own max_length: nothing changes."""
+        session = self.get(session_id)
+        req = session.request
+        if max_length > req.max_length:
+            if max_length > self.max_length:
+                raise LengthExceeded(f"max_length {max_length} exceeds this server's limit "
+                                     f"of {self.max_length}")  # fmt: skip
+            n_blocks = req.end_block - req.start_block
+            more = (max_length - req.max_length) * req.batch_size * n_blocks
+            session.reserved += self.budget.reserve(more)
+            session.request = dataclasses.replace(req, max_length=max_length)
+            session.limits = dataclasses.replace(session.limits, max_length=max_length)
+            session.cache.grow(max_length)  # a number: safe beside a step on the compute thread
+            log.debug("session %s extended to %d tokens", session_id, max_length)
+        return SessionExtended(session_id, session.request.max_length)
 
     def _new_cache(self, req: OpenSession) -> Any:
         return self.backend.span.new_session(
@@ -163,6 +184,12 @@ class SessionManager:
         self.budget.release(session.reserved)
         self.backend.executor.submit(session.cache.close)
         log.debug("closed session %s", session_id)
+
+    def held(self, idle_s: float = HELD_AFTER_S, now: float | None = None) -> int:
+        """Sessions open but not stepped for `idle_s` (a held prefix, an idle chat): room in
+        the cache, no load on the compute."""
+        now = time.monotonic() if now is None else now
+        return sum(1 for s in self.sessions.values() if not s.busy and now - s.last_used > idle_s)
 
     def reap(self, now: float | None = None) -> list[str]:
         """Close sessions idle past the timeout; returns their ids."""

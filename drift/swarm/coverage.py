@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from drift.swarm.names import names_match
 from drift.swarm.record import PeerRecord
 from drift.wire.errors import NotFound
 
@@ -111,7 +112,8 @@ def missing_blocks(records: list[PeerRecord], num_blocks: int) -> list[int]:
 
 
 def coverage(records: list[PeerRecord], model: str | None = None) -> Coverage:
-    """Coverage of one model (by fingerprint or name; the only one if `model` is None)."""
+    """Coverage of one model (by fingerprint, or a name as a user typed it to start a server:
+    alias, directory, GGUF file, Hub id; the only one if `model` is None)."""
     models = models_in(records)
     if model is None:
         if len(models) != 1:
@@ -122,7 +124,8 @@ def coverage(records: list[PeerRecord], model: str | None = None) -> Coverage:
                 )
             return Coverage((), None, None, None, (), ())
         model = models[0].model_fingerprint
-    matching = [m for m in models if model in (m.model_fingerprint, m.model)]
+    matching = [m for m in models if model == m.model_fingerprint]
+    matching = matching or [m for m in models if names_match(model, m.model)]
     if not matching:
         known = [f"{m.model} ({m.model_fingerprint})" for m in models] or ["none"]
         raise NotFound(f"no server in the swarm serves model {model!r}; served: {known}")

@@ -24,6 +24,7 @@ import orjson
 from yarl import URL
 
 from drift.identity import JoinToken, format_hostport
+from drift.identity.swarm_key import resolve_swarm_key
 from drift.swarm.coverage import Coverage, all_coverages
 from drift.swarm.dial import is_wrong_peer, peer_ssl
 from drift.swarm.record import PeerRecord
@@ -187,24 +188,20 @@ def snapshot(url: str, reply: TableReply, now: float) -> SwarmSnapshot:
     return SwarmSnapshot(url, reply.peer_id, tuple(table.records()), sum(table.rejected.values()))
 
 
-def swarm_key_of(tokens: Sequence[JoinToken], swarm_key: str | None) -> str | None:
-    """The key to prove: the one given, else the first token's ?key=."""
-    return swarm_key or next((t.swarm_key for t in tokens if t.swarm_key), None)
-
-
 async def read_swarm(
     tokens: Sequence[JoinToken], *, swarm_key: str | None = None, timeout_s: float = 10.0,
     http: aiohttp.ClientSession | None = None,
 ) -> SwarmSnapshot:  # fmt: skip
-    """Ask each initial peer in turn; the first that answers gives the snapshot."""
+    """Ask each initial peer in turn; the first that answers gives the snapshot. The key
+    proved: drift.identity.swarm_key.resolve_swarm_key(swarm_key, tokens=tokens)."""
     if not tokens:
         raise BadRequest("no initial peers given; pass a join token drift://...")
     own = http is None
     session = http or aiohttp.ClientSession()
     errors: list[str] = []
+    key = resolve_swarm_key(swarm_key, tokens=tokens)
     try:
         for token in tokens:
-            key = swarm_key or token.swarm_key or swarm_key_of(tokens, None)
             try:
                 reply = await fetch_table(session, token.url, expect_peer_id=token.peer_id,
                                           swarm_key=key, timeout_s=timeout_s)  # fmt: skip

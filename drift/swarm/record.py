@@ -56,6 +56,7 @@ OPTIONAL_FIELDS: dict[str, str] = {
     "steps_per_s": "inference steps per second over the last few seconds",
     "tokens_per_s": "tokens (batch x length) per second through its span, same window",
     "block_tokens_per_s": "tokens x the blocks each ran through, per second, same window",
+    "held_sessions": "of active_sessions, those no step used for a while (held prefixes, idle chats)",
 }
 
 

@@ -62,6 +62,13 @@ class LengthExceeded(BadRequest, ValueError):
     ValueError, as Petals' and transformers' length errors are)."""
 
     code = "length_exceeded"
+    # Petals' clients and tests match this phrase (petals' test_block_exact_match)
+    PHRASE: ClassVar[str] = "Maximum length exceeded"
+
+    def __init__(self, message: str, **details: Any) -> None:
+        if self.PHRASE.lower() not in message.lower():
+            message = f"{self.PHRASE}: {message}"
+        super().__init__(message, **details)
 
 
 class Unauthorized(DriftError):

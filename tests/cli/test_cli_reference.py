@@ -14,7 +14,7 @@ import pytest
 from drift.cli.main import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
-FLAG_RE = re.compile(r"(?<![\w-])--[a-z][a-z0-9_]*")
+FLAG_RE = re.compile(r"(?<![\w-])--[a-z][a-z0-9_-]*[a-z0-9]")
 
 
 def flags_by_command() -> dict[str, set[str]]:

@@ -136,9 +136,11 @@ def test_overlapping_spans_cover_everything():
 
 
 @pytest.mark.slow
-def test_demo_answers_and_cleans_up(cache, env):
-    out = drift(env, "demo", "--max_new_tokens", "10", "What is the capital of France?",
-                timeout=400)  # fmt: skip
+def test_demo_answers_and_cleans_up(cache, env, tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    out = drift({**env, "TMPDIR": str(tmp)}, "demo", "--max_new_tokens", "10",
+                "What is the capital of France?", timeout=400)  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
     assert "Paris" in out.stdout
     spans = [
@@ -149,3 +151,7 @@ def test_demo_answers_and_cleans_up(cache, env):
     assert "tokens/s" in out.stdout and "dashboard: http://127.0.0.1:" in out.stdout
     assert "stopped 3 servers" in out.stdout
     assert read_records(cache) == []
+    # the only dashboard URL is printed while the servers run, none after the answer
+    assert out.stdout.count("dashboard: http://127.0.0.1:") == 1
+    assert "swarm ready; dashboard:" in out.stdout
+    assert list(tmp.iterdir()) == [], "the demo left its work dir (identity keys, logs)"

@@ -1,6 +1,6 @@
 """The installed torch is the build that was asked for: `DRIFT_TORCH_BUILD=cpu` (e.g. after
-`uv sync --extra cpu`) means a CPU build and no CUDA package at all; `cuda` means a CUDA build.
-Skipped when nothing was asked for."""
+`uv pip install --torch-backend=cpu -e ".[dev]"`) means a CPU build and no CUDA package at
+all; `cuda` means a CUDA build. Skipped when nothing was asked for."""
 
 from __future__ import annotations
 

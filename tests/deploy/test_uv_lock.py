@@ -1,8 +1,10 @@
-"""uv.lock is in sync with pyproject.toml (`uv lock --check`), and pyproject chooses the torch
-build the way uv documents: `cpu` / `cuda` extras, conflicting, mapped to PyTorch's indexes.
+"""uv.lock is in sync with pyproject.toml and resolves from PyPI alone, checked offline.
 
-`uv lock --check` needs every index pyproject names; where one cannot be reached (no network,
-or no route to download.pytorch.org) the check is skipped, naming the index.
+Two checks, so that a stale lock fails wherever the tests run: `lock_drift` compares
+pyproject's requirements with what the lock recorded of them (its `requires-dist`; needs
+nothing but the two files), and `uv lock --check --offline` (where uv is installed: the dev
+extra brings it) re-resolves against the lock without a network. Both are also run on a
+deliberately stale copy, which must fail.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -22,6 +27,69 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 REPO = Path(__file__).resolve().parents[2]
+PYPI = "https://pypi.org/simple"
+Key = tuple[str, str, SpecifierSet]  # name, extra ("" for the core), specifier
+
+
+def wanted(pyproject: dict) -> set[Key]:
+    project = pyproject["project"]
+    groups = {"": project.get("dependencies", []), **project.get("optional-dependencies", {})}
+    out: set[Key] = set()
+    for extra, reqs in groups.items():
+        for text in reqs:
+            req = Requirement(text)
+            out.add((canonicalize_name(req.name), extra, req.specifier))
+    return out
+
+
+def locked(lock: dict, name: str) -> tuple[set[Key], list[str]]:
+    (pkg,) = [p for p in lock["package"] if p["name"] == name]
+    out: set[Key] = set()
+    for dep in pkg["metadata"]["requires-dist"]:
+        extra = re.search(r"extra == '([^']+)'", dep.get("marker", ""))
+        out.add((canonicalize_name(dep["name"]), extra.group(1) if extra else "",
+                 SpecifierSet(dep.get("specifier", ""))))  # fmt: skip
+    return out, list(pkg["metadata"].get("provides-extras", []))
+
+
+def lock_drift(pyproject_text: str, lock_text: str) -> list[str]:
+    """What differs between pyproject's requirements and the lock's record of them."""
+    pyproject, lock = tomllib.loads(pyproject_text), tomllib.loads(lock_text)
+    want = wanted(pyproject)
+    have, extras = locked(lock, canonicalize_name(pyproject["project"]["name"]))
+    show = lambda k: f"{k[0]}{k[2]}" + (f" [{k[1]}]" if k[1] else "")  # noqa: E731
+    problems = [f"not in uv.lock: {show(k)}" for k in sorted(want - have, key=str)]
+    problems += [f"in uv.lock only: {show(k)}" for k in sorted(have - want, key=str)]
+    declared = set(pyproject["project"].get("optional-dependencies", {}))
+    if set(extras) != declared:
+        problems.append(f"extras: pyproject {sorted(declared)}, uv.lock {sorted(extras)}")
+    return problems
+
+
+def stale(pyproject_text: str) -> str:
+    """pyproject with one more core dependency than any lock made from it knows."""
+    return pyproject_text.replace("dependencies = [\n", 'dependencies = [\n    "six>=1.16",\n', 1)
+
+
+def test_lock_records_pyproject_requirements() -> None:
+    problems = lock_drift((REPO / "pyproject.toml").read_text(), (REPO / "uv.lock").read_text())
+    assert not problems, "uv.lock is out of date: run `uv lock`\n" + "\n".join(problems)
+
+
+def test_stale_lock_is_caught() -> None:
+    text = (REPO / "pyproject.toml").read_text()
+    problems = lock_drift(stale(text), (REPO / "uv.lock").read_text())
+    assert problems == ["not in uv.lock: six>=1.16"]
+
+
+def test_lock_resolves_from_pypi_alone() -> None:
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert "index" not in pyproject.get("tool", {}).get("uv", {}), "no index but PyPI"
+    lock = tomllib.loads((REPO / "uv.lock").read_text())
+    sources = {next(iter(p["source"].items())) for p in lock["package"]}
+    assert sources - {("registry", PYPI)} == {("editable", ".")}
+    torch = [p for p in lock["package"] if p["name"] == "torch"]
+    assert torch and all("+" not in p["version"] for p in torch), "PyPI's torch, no local build"
 
 
 def uv_command() -> list[str] | None:
@@ -32,28 +100,22 @@ def uv_command() -> list[str] | None:
     return None
 
 
-def test_torch_build_is_chosen_by_extra() -> None:
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())
-    extras = project["project"]["optional-dependencies"]
-    assert any(r.startswith("torch") for r in extras["cpu"])
-    assert any(r.startswith("torch") for r in extras["cuda"])
-    uv = project["tool"]["uv"]
-    assert [{"extra": "cpu"}, {"extra": "cuda"}] in uv["conflicts"]
-    indexes = {i["name"]: i for i in uv["index"]}
-    by_extra = {s["extra"]: indexes[s["index"]] for s in uv["sources"]["torch"]}
-    assert by_extra["cpu"]["url"] == "https://download.pytorch.org/whl/cpu"
-    assert by_extra["cuda"]["url"].startswith("https://download.pytorch.org/whl/cu")
-    assert all(i.get("explicit") for i in by_extra.values()), "only torch from PyTorch's index"
+def uv_check(uv: list[str], project: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*uv, "lock", "--check", "--offline"], cwd=project,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
 
 
-def test_lock_is_in_sync_with_pyproject() -> None:
+def test_uv_lock_check_offline(tmp_path: Path) -> None:
     uv = uv_command()
     if uv is None:
-        pytest.skip("uv is not installed (pip install uv)")
-    proc = subprocess.run([*uv, "lock", "--check"], cwd=REPO, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
-    out = proc.stdout + proc.stderr
-    unreachable = re.search(r"Failed to fetch:\s+(\S+)", out)
-    if proc.returncode != 0 and unreachable and re.search(r"dns error|Connect|timed out", out):
-        pytest.skip(f"uv lock --check needs {unreachable.group(1)}, unreachable from here")
-    assert proc.returncode == 0, f"uv.lock is out of date: run `uv lock`\n{out[-3000:]}"
+        pytest.skip(
+            "uv is not installed (the dev extra installs it; test_lock_records_"
+            "pyproject_requirements checks the lock without it)"
+        )
+    proc = uv_check(uv, REPO)
+    assert proc.returncode == 0, f"uv.lock is out of date: run `uv lock`\n{proc.stderr[-3000:]}"
+    for name in ("pyproject.toml", "uv.lock", "README.md"):
+        shutil.copy(REPO / name, tmp_path / name)
+    (tmp_path / "pyproject.toml").write_text(stale((REPO / "pyproject.toml").read_text()))
+    proc = uv_check(uv, tmp_path)
+    assert proc.returncode != 0, "uv lock --check passed a lock that lacks a dependency"

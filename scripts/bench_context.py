@@ -1,0 +1,145 @@
+"""Long contexts: TTFT and decode s/token of the swarm against local transformers.
+
+SmolLM2 (or `--model`, e.g. gemma3-270m) served by 2 `drift server` processes on 127.0.0.1
+(blocks split in half, one compute thread each: OMP_NUM_THREADS=1), against local
+transformers generate() on the same weights (torch.set_num_threads(1)), in the same run.
+For each context length: greedy generate() of `--new` tokens after a random prompt of that
+many tokens; a streamer stamps each token, so TTFT is the prompt's prefill and first token,
+decode the median time between the later tokens. Also printed: the tokens each server
+computed during the prefill and in all (its /metrics drift_tokens_total; a prompt crosses
+each server once: prefill == prompt length), and whether the tokens equal local's.
+
+    OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/bench_context.py --lengths 128,1024,4096
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_client import ServerProcs, wait_covered  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+from drift.client import AutoDistributedModelForCausalLM  # noqa: E402
+from drift.models.checkpoint import open_checkpoint  # noqa: E402
+
+
+def tokens_total(urls: list[str]) -> list[int]:
+    """Each server's drift_tokens_total."""
+    out = []
+    for url in urls:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        found = re.search(r"^drift_tokens_total (\S+)", text, re.M)
+        assert found, text
+        out.append(int(float(found.group(1))))
+    return out
+
+
+class Stamps:
+    """A generate() streamer: the time of each put (the prompt's, then each new token's);
+    `at_first` runs once the first new token is out, its time left out of the stamps."""
+
+    def __init__(self, at_first: Any = None) -> None:
+        self.times: list[float] = []
+        self.at_first = at_first
+        self.skew = 0.0  # seconds spent in at_first, taken off the later stamps
+
+    def put(self, value: torch.Tensor) -> None:
+        self.times.append(time.perf_counter() - self.skew)
+        if len(self.times) == 2 and self.at_first is not None:
+            t0 = time.perf_counter()
+            self.at_first()
+            self.skew += time.perf_counter() - t0
+
+    def end(self) -> None:
+        pass
+
+
+def timed(
+    model: Any, ids: torch.Tensor, new: int, at_first: Any = None
+) -> tuple[float, float, list[int]]:
+    """(TTFT s, median decode s/token, the new tokens) of one greedy generate()."""
+    stamps = Stamps(at_first)
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                             streamer=stamps)  # fmt: skip
+    t = stamps.times
+    steps = [b - a for a, b in zip(t[1:], t[2:], strict=False)]
+    return t[1] - t[0], statistics.median(steps), out[0, ids.shape[1] :].tolist()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--lengths", default="128,1024,4096", help="prompt tokens, comma-separated")
+    parser.add_argument("--new", type=int, default=8)
+    parser.add_argument("--reps", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    lengths = [int(x) for x in args.lengths.split(",")]
+    ckpt = open_checkpoint(args.model)
+    local = AutoModelForCausalLM.from_pretrained(ckpt.path, dtype=torch.float32).eval()
+    n = int(ckpt.config.get_text_config().num_hidden_layers)
+    vocab = int(ckpt.config.get_text_config().vocab_size)
+    room = max(lengths) + args.new + 64
+    flags = ("--inference_max_length", str(room), "--attn_cache_tokens", str(max(8192, room)))
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = ServerProcs(str(ckpt.path), [(0, n // 2), (n // 2, n)], Path(tmp), flags)
+        model = None
+        try:
+            model = AutoDistributedModelForCausalLM.from_pretrained(ckpt.path,
+                                                                    initial_peers=procs.token)  # fmt: skip
+            wait_covered(model, n)
+            warm = torch.randint(0, vocab, (1, 32), generator=torch.Generator().manual_seed(1))
+            timed(model, warm, 3)
+            timed(local, warm, 3)
+            for length in lengths:
+                ids = torch.randint(0, vocab, (1, length),
+                                    generator=torch.Generator().manual_seed(length))  # fmt: skip
+                for _ in range(args.reps):
+                    lt, ls, ltok = timed(local, ids, args.new)
+                    before = tokens_total(procs.urls)
+                    prefill: list[int] = []
+                    dt, ds, dtok = timed(model, ids, args.new,
+                                         lambda p=prefill: p.extend(tokens_total(procs.urls)))  # fmt: skip
+                    after = tokens_total(procs.urls)
+                    rows.append((length, lt, dt, ls, ds,
+                                 [p - b for p, b in zip(prefill, before, strict=True)],
+                                 [a - b for a, b in zip(after, before, strict=True)],
+                                 ltok == dtok))  # fmt: skip
+                    print(rows[-1], flush=True)
+        finally:
+            if model is not None:
+                model.close()
+            procs.stop()
+    print(f"\n{args.model} float32, 2 servers [0, {n // 2}) / [{n // 2}, {n}) on loopback, greedy "
+          f"{args.new} new tokens, 1 compute thread per process, local transformers in the same run")  # fmt: skip
+    print(
+        "| prompt tokens | local TTFT | DRIFT TTFT | TTFT ratio | local s/token | DRIFT s/token "
+        "| decode speed vs local | tokens each server computed: prefill / all | same tokens |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for length, lt, dt, ls, ds, pre, total, same in rows:
+        counts = ", ".join(f"{p} / {t}" for p, t in zip(pre, total, strict=True))
+        print(
+            f"| {length:,} | {lt:.2f} s | {dt:.2f} s | {dt / lt:.2f}x | {ls:.3f} | {ds:.3f} "
+            f"| {ls / ds:.2f}x | {counts} | {'yes' if same else 'NO'} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
