@@ -1,9 +1,11 @@
 """Which gossiped records a node trusts: admission before the membership table.
 
 In a private swarm every record arrives over an exchange proven with the swarm key, so it goes
-straight to the table. In an open swarm a record of a peer not yet known (or known at other
-addresses) waits in a bounded queue until this node has dialled its address and the peer
-proved its id there; a flood of unreachable identities fills only that queue, never the table.
+straight to the table. In an open swarm addresses are part of identity: a record waits in a
+bounded queue until this node has dialled every address it announces and the peer proved its
+id at each (`proven`); only then does it reach the table, so nothing this node dials later
+(gossip, pushed steps) goes to an address the peer did not prove. A flood of unreachable
+identities fills only that queue, never the table.
 Peers that failed a dial are not retried for a while. Pure bookkeeping: the dialling is the
 node's (MembershipNode.dial_pending).
 """
@@ -20,6 +22,7 @@ from drift.swarm import MembershipTable, PeerRecord
 class AdmissionLimits:
     max_pending: int = 256  # records waiting for a dial; more are dropped until dials finish
     max_unreachable: int = 4096  # remembered failed peers (oldest forgotten first)
+    max_proven: int = 4096  # peers whose proven addresses are remembered (oldest forgotten)
     retry_after_s: float = 60.0  # a peer whose dial failed is not dialled again this soon
 
 
@@ -32,6 +35,27 @@ class Admission:
         self.pending: OrderedDict[str, PeerRecord] = OrderedDict()
         self.unreachable: OrderedDict[str, float] = OrderedDict()  # peer id -> retry time
         self.dropped: Counter[str] = Counter()
+        self.proven: OrderedDict[str, set[str]] = OrderedDict()  # peer id -> addrs it proved
+
+    def prove(self, peer_id: str, addr: str) -> None:
+        """The peer `peer_id` proved its id at `addr` (an exchange this node made there)."""
+        self.proven.setdefault(peer_id, set()).add(addr)
+        self.proven.move_to_end(peer_id)
+        while len(self.proven) > self.limits.max_proven:
+            self.proven.popitem(last=False)
+
+    def is_proven(self, peer_id: str, addr: str) -> bool:
+        """Whether `addr` is an address this node may dial for `peer_id`: proven by a dial in
+        an open swarm; in a private swarm any address of a record the swarm key vouched for."""
+        if not self.open_swarm:
+            held = self.table.get(peer_id)
+            return held is not None and addr in held.addrs
+        return addr in self.proven.get(peer_id, ())
+
+    def unproven(self, record: PeerRecord) -> list[str]:
+        """The addresses of `record` its peer has not proven here yet."""
+        done = self.proven.get(record.peer_id, set())
+        return [a for a in record.addrs if a not in done]
 
     def offer(self, records: list[PeerRecord], now: float) -> int:
         """Merge what can be trusted now, queue the rest for a dial; returns #merged."""
@@ -44,13 +68,14 @@ class Admission:
         return merged
 
     def _known_here(self, record: PeerRecord) -> bool:
-        """Already verified at these addresses, going offline, or older than what is held:
+        """Proven at every address it announces, going offline, or older than what is held:
         the table decides without a dial."""
+        if record.addrs and not self.unproven(record):
+            return True
         held = self.table.get(record.peer_id)
         if held is None:
             return False
-        return (record.state == "offline" or record.seq <= held.seq
-                or set(record.addrs) == set(held.addrs))  # fmt: skip
+        return record.state == "offline" or record.seq <= held.seq
 
     def _queue(self, record: PeerRecord, now: float) -> None:
         if record.state == "offline" or not record.addrs or record.expires_at <= now:
@@ -79,8 +104,11 @@ class Admission:
         return out
 
     def dialled(self, record: PeerRecord, ok: bool, now: float) -> None:
-        """The outcome of dialling `record`'s address: trusted, or not retried for a while."""
+        """The outcome of dialling every address of `record`: trusted (each address proven),
+        or not retried for a while."""
         if ok:
+            for addr in record.addrs:
+                self.prove(record.peer_id, addr)
             self.unreachable.pop(record.peer_id, None)
             self.table.merge(record, now)
             return
