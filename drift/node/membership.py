@@ -142,11 +142,13 @@ class MembershipNode:
                 "latency_ms": latency}  # fmt: skip
 
     # -- serving gossip ---------------------------------------------------------------
-    def handle_gossip(self, data: Any) -> dict[str, Any]:
-        """Take a caller's records (admission decides which are trusted now); reply with what
-        the caller lacks (or, for `pull: false`, only our own record) plus our identity proof."""
+    def handle_gossip(self, data: Any, *, sender: str = "") -> dict[str, Any]:
+        """Take a caller's records (admission decides which are trusted now, the caller's own
+        record first, each sending address within its share); reply with what the caller
+        lacks (or, for `pull: false`, only our own record) plus our identity proof."""
         items, nonce, pull = parse_gossip_body(data, self.config.max_gossip_records)
-        self._ingest(items)
+        caller = data.get("peer_id") if isinstance(data.get("peer_id"), str) else None
+        self._ingest(items, sender=sender, caller=caller)
         theirs: dict[str, int] = {}
         for item in items:
             if isinstance(item, dict) and isinstance(item.get("seq"), int):
@@ -160,15 +162,17 @@ class MembershipNode:
             out["proof"] = sign_proof(self.identity, nonce)
         return out
 
-    def _ingest(self, items: list[Any], *, proven: tuple[str, str] | None = None) -> None:
+    def _ingest(self, items: list[Any], *, proven: tuple[str, str] | None = None,
+                sender: str = "", caller: str | None = None) -> None:  # fmt: skip
         """Raw records from gossip into admission; `proven` = (peer id, url) of a peer that just
-        proved its id at that url: its own record there is trusted without another dial."""
+        proved its id at that url; `sender` the address the records came from and `caller`
+        the peer id it claims (its own record is dialled first)."""
         now = self.clock()
         records = self.table.parse_wire(items, skip=self.peer_id)
         self._check_own_echo(items)
         if proven is not None:
             self.admission.prove(*proven)
-        self.admission.offer(records, now)
+        self.admission.offer(records, now, sender=sender, caller=caller)
         self._log_conflicts()
 
     def _check_own_echo(self, items: list[Any]) -> None:
