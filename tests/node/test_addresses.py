@@ -14,8 +14,8 @@ import pytest
 from aiohttp import web
 
 from drift.identity import Identity
-from drift.node.membership import MembershipNode
 from drift.node import start_app
+from drift.node.membership import MembershipNode
 from drift.server.push import check_member
 from drift.swarm import PeerRecord, default_fields, sign_record
 from drift.wire.addr import addr_problem

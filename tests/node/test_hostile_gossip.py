@@ -8,8 +8,8 @@ size; an oversized record is refused and a huge gossip reply is not read past a 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import base64
+import contextlib
 import time
 
 import aiohttp
