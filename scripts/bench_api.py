@@ -14,6 +14,9 @@ over 10 s (streamed: tokens/s and each request's time to first token).
     python scripts/bench_api.py --url http://127.0.0.1:8000 --api_key sk-... --model smollm2
     PYTHONPATH=. OMP_NUM_THREADS=1 python scripts/bench_api.py --swarm smollm2 --max_batch 8 \
         --clients 8 --requests 1 --arrivals 10
+
+--vs_sdk [--reps N --new N]: one user through `drift api` with its defaults against the
+SDK's generate() on the same swarm of real processes (scripts/bench_api_sdk.py).
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ import argparse
 import asyncio
 import json
 import random
+import sys
 import time
+from pathlib import Path
 
 import aiohttp
 
@@ -166,6 +171,12 @@ async def serve_and_bench(engine, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    if "--vs_sdk" in sys.argv:  # one user, drift api vs the SDK: scripts/bench_api_sdk.py
+        sys.argv.remove("--vs_sdk")
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_api_sdk import main as vs_sdk
+
+        return vs_sdk()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--url", help="a running `drift api` (http://host:port)")
     p.add_argument("--api_key", default="", help="its API key")

@@ -85,7 +85,7 @@ def add_server_options(p: argparse.ArgumentParser, *, num_blocks_default: str = 
         type=float,
         default=BATCH_WAIT_MS,
         help="ms a batch of concurrent sessions' steps waits after the latest step came for "
-        "those of other sessions active in the last second (at most 5x in all), so they run "
+        "those of other sessions still stepping (idle ones are not waited for; at most 5x in all), so they run "
         f"as one forward; 0 = run what is queued (default: {BATCH_WAIT_MS:g})",
     )
     p.add_argument(

@@ -74,13 +74,26 @@ class LatencyModel:
     cache_tokens_needed: int = 0  # tokens of KV cache per block the session will hold
     extra_cost: dict[str, float] = field(default_factory=dict)  # peer_id -> added seconds
 
+    def has_room(self, server: ServerInfo, n_blocks: int) -> bool:
+        """Whether `server` can hold this session's KV for `n_blocks` of its blocks.
+
+        `cache_tokens_left` is per block of the server's whole span (its free block-tokens
+        divided by its span), and a session over k of its n blocks reserves tokens x k
+        block-tokens: so it fits when tokens x k <= cache_tokens_left x n.
+        """
+        span = max(server.end_block - server.start_block, 1)
+        return self.cache_tokens_needed * n_blocks <= server.cache_tokens_left * span
+
     def hop_cost(self, server: ServerInfo, n_blocks: int) -> float:
         rtt = server.rtt_s if server.rtt_s is not None else self.rtt_default_s
         compute = n_blocks / max(server.throughput, 1e-9)
-        penalty = 0.0
-        if server.cache_tokens_left < self.cache_tokens_needed * n_blocks:
-            penalty = self.cache_penalty_s
+        penalty = 0.0 if self.has_room(server, n_blocks) else self.cache_penalty_s
         return rtt + compute + penalty + self.extra_cost.get(server.peer_id, 0.0)
+
+
+# A label of Dijkstra's search: the cheapest known chain reaching a block whose last hop ran
+# on `last`; `back` is (the block that hop began at, the last server of the chain there).
+_Label = tuple[float, str | None, tuple[int, str | None] | None]
 
 
 def inference_route(
@@ -91,37 +104,62 @@ def inference_route(
 ) -> list[Hop]:
     """The chain over [start_block, end_block) with the least expected latency (Dijkstra).
 
-    Raises MissingBlocks naming the blocks that no server covers.
+    Two consecutive hops never run on the same server: a server's blocks are one hop (a
+    split would cost a round trip, and would dodge the KV-room check by asking room per
+    piece). Each block keeps its two best labels with different last servers, which is
+    enough for that rule to stay exact. Raises MissingBlocks naming the blocks that no
+    server covers.
     """
-    table = list(servers)
-    _check_covered(table, start_block, end_block)
+    table = {s.peer_id: s for s in servers}
+    _check_covered(list(table.values()), start_block, end_block)
     model = model or LatencyModel()
-    best: dict[int, float] = {start_block: 0.0}
-    prev: dict[int, tuple[int, ServerInfo]] = {}
-    heap: list[tuple[float, int]] = [(0.0, start_block)]
+    labels: dict[int, list[_Label]] = {start_block: [(0.0, None, None)]}
+    heap: list[tuple[float, int, str]] = [(0.0, start_block, "")]
     while heap:
-        cost, block = heapq.heappop(heap)
+        cost, block, last_key = heapq.heappop(heap)
+        last = last_key or None
         if block == end_block:
-            break
-        if cost > best.get(block, float("inf")):
-            continue
-        for s in table:
-            if not s.start_block <= block < s.end_block:
+            return _unwind(labels, table, start_block, end_block, last)
+        if not any(lab[0] == cost and lab[1] == last for lab in labels.get(block, [])):
+            continue  # stale: a cheaper label replaced this one
+        for s in table.values():
+            if s.peer_id == last or not s.start_block <= block < s.end_block:
                 continue
             for stop in range(block + 1, min(s.end_block, end_block) + 1):
                 new_cost = cost + model.hop_cost(s, stop - block)
-                if new_cost < best.get(stop, float("inf")) - 1e-12:
-                    best[stop] = new_cost
-                    prev[stop] = (block, s)
-                    heapq.heappush(heap, (new_cost, stop))
-    return _unwind(prev, start_block, end_block)
+                if _offer(labels.setdefault(stop, []), (new_cost, s.peer_id, (block, last))):
+                    heapq.heappush(heap, (new_cost, stop, s.peer_id))
+    raise AssertionError("covered blocks always have a chain")  # pragma: no cover
 
 
-def _unwind(prev: dict[int, tuple[int, ServerInfo]], start: int, end: int) -> list[Hop]:
+def _offer(kept: list[_Label], label: _Label) -> bool:
+    """Keep `label` among a block's two best labels with distinct last servers; True if kept."""
+    for i, old in enumerate(kept):
+        if old[1] == label[1]:
+            if label[0] < old[0] - 1e-12:
+                kept[i] = label
+                kept.sort(key=lambda x: x[0])
+                return True
+            return False
+    if len(kept) < 2:
+        kept.append(label)
+    elif label[0] < kept[-1][0] - 1e-12:
+        kept[-1] = label
+    else:
+        return False
+    kept.sort(key=lambda x: x[0])
+    return True
+
+
+def _unwind(labels: dict[int, list[_Label]], table: dict[str, ServerInfo], start: int,
+            end: int, last: str | None) -> list[Hop]:  # fmt: skip
     hops: list[Hop] = []
     block = end
     while block != start:
-        begin, s = prev[block]
+        label = next(lab for lab in labels[block] if lab[1] == last)
+        assert label[1] is not None and label[2] is not None
+        s = table[label[1]]
+        begin, last = label[2]
         hops.append(Hop(s.peer_id, s.addr, begin, block))
         block = begin
     return hops[::-1]

@@ -3,6 +3,8 @@
 A Checkpoint is a local directory with config.json and safetensors weights, read lazily by
 tensor-name prefix. `open_checkpoint` resolves aliases, GGUF files and Hub ids into such a
 directory (drift.models.sources); it knows nothing of adapters, spans or the network.
+`text_tensors` reads by the canonical (text-only) names adapters use, wherever the
+checkpoint's own layout keeps them (drift.models.layout: a multimodal wrapper's text tower).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from transformers import AutoConfig, PretrainedConfig
 from drift.paths import default_cache_dir
 from drift.wire.errors import BadRequest, NotFound
 
+from .layout import TextLayout
 from .sources.aliases import ALIASES, find_alias, resolve_alias
 from .sources.gguf import cached_revision, convert_gguf, find_single_gguf
 from .sources.hub import fetch_hub, fetch_hub_shards
@@ -107,6 +110,7 @@ class Checkpoint:
         self._partial = partial
         self._fetch_shards = fetch_shards
         self._index = index_weights(self.path, partial=partial)
+        self.layout = TextLayout.find(self.tensor_names())
 
     def tensor_names(self) -> list[str]:
         """Every tensor name of the model (also those in shards not fetched)."""
@@ -138,6 +142,10 @@ class Checkpoint:
             )
         names = [n for n in self._index.files if n.startswith(prefix)]
         return {n[len(prefix) :]: t for n, t in read_tensors(self._index.files, names).items()}
+
+    def text_tensors(self, canonical: str) -> dict[str, torch.Tensor]:
+        """`tensors` of a canonical (text-only) prefix or name, as the layout stores it."""
+        return self.tensors(self.layout.stored(canonical))
 
     def __repr__(self) -> str:
         return (

@@ -36,17 +36,19 @@ CLASSIFIER_PREFIX = "score."  # AutoDistributedModelForSequenceClassification's 
 
 
 def client_tensor_names(ckpt: Any) -> list[str]:
-    """The names of every tensor a client of `ckpt` reads (sorted; none of the blocks')."""
+    """The names of every tensor a client of `ckpt` reads (sorted, as the checkpoint stores
+    them: under a multimodal checkpoint's text tower; none of the blocks')."""
     adapter = get_adapter(ckpt.config)
     names = set(ckpt.tensor_names())
-    wanted = {adapter.embed_name, HEAD_NAME} & names
-    prefixes = [adapter.norm_prefix, CLASSIFIER_PREFIX]
+    stored = ckpt.layout.stored
+    wanted = {stored(adapter.embed_name), stored(HEAD_NAME)} & names
+    prefixes = [stored(adapter.norm_prefix), CLASSIFIER_PREFIX]
     with torch.device("meta"):  # modules built only for their parameter names
         if adapter.build_embed_norm() is not None and adapter.embed_norm_prefix:
-            prefixes.append(adapter.embed_norm_prefix)
+            prefixes.append(stored(adapter.embed_norm_prefix))
         built = adapter.build_per_layer()
     wanted |= {n for n in names if n.startswith(tuple(prefixes))}
     if built is not None:
         module, prefix = built  # exact names: never the blocks under the same prefix
-        wanted |= {prefix + n for n in module.state_dict()} & names
+        wanted |= {stored(prefix + n) for n in module.state_dict()} & names
     return sorted(wanted)

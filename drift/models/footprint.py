@@ -58,7 +58,9 @@ def client_bytes(config: Any, dtype: torch.dtype) -> int:
     adapter = get_adapter(config)
     item = torch.empty((), dtype=dtype).element_size()
     embed = int(adapter.config.vocab_size) * adapter.hidden_size
-    tied = bool(getattr(adapter.config, "tie_word_embeddings", False))
+    # a multimodal model ties as its own (outer) config says (as drift.models.head reads it)
+    tied = bool(getattr(config, "tie_word_embeddings",
+                        getattr(adapter.config, "tie_word_embeddings", False)))  # fmt: skip
     norms = [adapter.build_final_norm(), adapter.build_embed_norm()]
     extra = sum(p.numel() for norm in norms if norm is not None for p in norm.parameters())
     return (embed * (1 if tied else 2) + extra) * item

@@ -1,6 +1,7 @@
 """ClientHead: what a client holds of a model: embeddings, final norm and the LM head.
 
-Loads only those tensors. Applies the family's client-side pieces from its adapter: gemma's
+Loads only those tensors (by canonical names, wherever the checkpoint's layout keeps them:
+drift.models.layout). Applies the family's client-side pieces from its adapter: gemma's
 embedding scale (inside `embed_tokens`, as transformers' scaled embeddings), bloom's
 embedding layernorm, gemma2's final logit softcapping, tied heads, Gemma 4's per-layer
 inputs (computed here from the token ids, sent to every span).
@@ -70,8 +71,8 @@ class ClientHead(torch.nn.Module):
         adapter = get_adapter(ckpt.config)
         device = torch.device(device)
 
-        def read(prefix: str) -> dict[str, torch.Tensor]:
-            return {k: v.to(device, dtype) for k, v in ckpt.tensors(prefix).items()}
+        def read(canonical: str) -> dict[str, torch.Tensor]:  # where the layout stores it
+            return {k: v.to(device, dtype) for k, v in ckpt.text_tensors(canonical).items()}
 
         embed_weight = _one(ckpt, adapter.embed_name, read)
         scale = adapter.embed_scale()
@@ -81,9 +82,11 @@ class ClientHead(torch.nn.Module):
             else ScaledEmbedding(embed_weight, scale)
         )
         head_name = "lm_head.weight"
-        tied = bool(getattr(adapter.config, "tie_word_embeddings", False))
-        if not tied and head_name not in ckpt.tensor_names():
-            raise BadRequest(f"the checkpoint has no {head_name} and its embeddings are not tied")
+        # a multimodal model ties as its own (outer) config says, as transformers does
+        tied = bool(getattr(ckpt.config, "tie_word_embeddings",
+                            getattr(adapter.config, "tie_word_embeddings", False)))  # fmt: skip
+        if not tied and ckpt.layout.stored(head_name) not in ckpt.tensor_names():
+            raise BadRequest(f"{ckpt.layout.missing(head_name)} and its embeddings are not tied")
         head_weight = embed_weight if tied else _one(ckpt, head_name, read)
         lm_head = torch.nn.Linear(head_weight.shape[1], head_weight.shape[0], bias=False)
         lm_head.weight = (
@@ -177,7 +180,7 @@ class ClientHead(torch.nn.Module):
 def _one(ckpt: Any, name: str, read: Any) -> torch.Tensor:
     found = read(name)
     if "" not in found:
-        raise BadRequest(f"the checkpoint has no tensor {name!r}")
+        raise BadRequest(ckpt.layout.missing(name))
     return found[""]
 
 

@@ -104,7 +104,8 @@ class ModelSpan(torch.nn.Module):
             quant_backend()  # a missing bitsandbytes fails before any weight is read
         device = torch.device(device)
         # A partial (Hub) checkpoint fetches this span's shards in one go, and no others.
-        ckpt.prefetch([adapter.layer_prefix.format(i=i) for i in range(start_block, end_block)])
+        ckpt.prefetch([ckpt.layout.stored(adapter.layer_prefix.format(i=i))
+                       for i in range(start_block, end_block)])  # fmt: skip
         layers = []
         for i in range(start_block, end_block):
             layers.append(_load_layer(adapter, ckpt, i, dtype, device, quant))
@@ -303,9 +304,9 @@ def _load_layer(
 ) -> torch.nn.Module:
     """Block `index` built on meta, then given the checkpoint's tensors (nothing else read)."""
     prefix = adapter.layer_prefix.format(i=index)
-    stored = ckpt.tensors(prefix)
+    stored = ckpt.text_tensors(prefix)  # canonical prefix, read where the layout keeps it
     if not stored:
-        raise BadRequest(f"the checkpoint has no tensors for block {index} (prefix {prefix!r})")
+        raise BadRequest(f"no tensors for block {index}: {ckpt.layout.missing(prefix)}")
     # Quantized blocks are assembled on the CPU; bitsandbytes quantizes on the move to `device`.
     # copy=True: a tensor read in its stored dtype is a view of the safetensors file's mmap, and
     # one such view (a norm) would keep the whole mapping, and every page of it read, resident.

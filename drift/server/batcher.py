@@ -7,16 +7,21 @@ the compute thread reaches it, the job takes every step queued by then, groups t
 can share a forward (drift.models.batch: same blocks and tokens per row, one step per
 session, at most `chunk_tokens` tokens per forward) and runs each group once. Steps queued
 while it runs wait for the next drain job. Before taking the queue, a drain job waits for
-the sessions that stepped in the last second while their steps keep coming (`wait_s` after
-the latest, WAIT_CAP x `wait_s` in all), so sessions stepping in turn along a chain of
-servers fall into one convoy. A group whose forward fails is rerun step by step, so an
-error reaches only its own session.
-Knows nothing about HTTP.
+the sessions that are stepping while their steps keep coming (`wait_s` after the latest,
+WAIT_CAP x `wait_s` in all), so sessions stepping in turn along a chain of servers fall into
+one convoy. A session is stepping while its next step is due: it stepped in the last
+RECENT_S seconds and less than twice its own last gap between steps (+ `wait_s`) ago; a
+held idle session (a finished request's, kept for the next chat turn) is not waited for.
+A wait that ends with no new step is counted (`vain_waits`). A group whose forward fails
+is rerun step by step, so an error reaches only its own session; any other failure of a
+drain job fails only the steps it took, is counted (`drains_failed`) and leaves the
+batcher ready for the next step. Knows nothing about HTTP.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from concurrent.futures import Future
@@ -28,6 +33,8 @@ from drift.metrics import Histogram
 from drift.models.batch import BatchStep, batch_key, batchable, run_steps
 from drift.models.session import SpanSession
 from drift.server.backend import SpanBackend
+
+log = logging.getLogger(__name__)
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # steps per forward, for /metrics
 RECENT_S = 1.0  # seconds: a session that stepped this recently is expected to step again
@@ -44,6 +51,20 @@ class _Queued:
         return int(self.step.hidden.shape[0] * self.step.hidden.shape[1])
 
 
+@dataclass
+class _Pace:
+    """When a session's steps came: the latest, and the gap before it (None: one so far)."""
+
+    session: SpanSession
+    last: float
+    gap: float | None = None
+
+    def due(self, now: float, wait_s: float) -> bool:
+        """Whether its next step is expected soon (see the module docstring)."""
+        since = now - self.last
+        return since <= RECENT_S and (self.gap is None or since <= 2 * self.gap + wait_s)
+
+
 class StepBatcher:
     def __init__(self, backend: SpanBackend, *, wait_s: float = 0.0) -> None:
         self.backend = backend
@@ -53,7 +74,10 @@ class StepBatcher:
         self._cond = threading.Condition()
         self._queue: list[_Queued] = []
         self._scheduled = False  # a drain job is submitted and has not yet taken the queue
-        self._seen: dict[int, tuple[SpanSession, float]] = {}  # id -> (session, last step)
+        self._seen: dict[int, _Pace] = {}  # id(session) -> when its steps came
+        self.waits = 0  # drains that waited for a stepping session's step
+        self.vain_waits = 0  # of those, the ones that ended with no step come in
+        self.drains_failed = 0  # drain jobs that failed outside a forward (bugs: logged)
 
     @property
     def queued(self) -> int:
@@ -67,7 +91,11 @@ class StepBatcher:
         item = _Queued(BatchStep(session, position, hidden, attention_mask), Future())
         with self._cond:
             self._queue.append(item)
-            self._seen[id(session)] = (session, time.monotonic())
+            now, pace = time.monotonic(), self._seen.get(id(session))
+            if pace is None or pace.session is not session:
+                self._seen[id(session)] = _Pace(session, now)
+            else:
+                pace.gap, pace.last = now - pace.last, now
             submit, self._scheduled = not self._scheduled, True
             self._cond.notify()
         if submit:
@@ -80,38 +108,51 @@ class StepBatcher:
         return await asyncio.wrap_future(item.future)
 
     def _drain(self) -> None:
-        """On the compute thread: run everything queued so far, group by group."""
-        with self._cond:
-            self._gather()
-            items, self._queue, self._scheduled = self._queue, [], False
-        live = [item for item in items if item.future.set_running_or_notify_cancel()]
+        """On the compute thread: run everything queued so far, group by group. Whatever
+        fails here fails only the steps this job took; the next step schedules a new job."""
+        items: list[_Queued] = []
         try:
+            with self._cond:
+                try:
+                    self._gather()
+                finally:
+                    items, self._queue, self._scheduled = self._queue, [], False
+            live = [item for item in items if item.future.set_running_or_notify_cancel()]
             for group in self._groups(live):
                 self.backend.chunks_run += 1
                 self.sizes.observe(len(group))
                 self._run(group)
-        except BaseException as exc:  # never leave a step waiting forever
-            for item in live:
+        except BaseException as exc:  # never leave a step waiting forever, nor the batcher
+            self.drains_failed += 1
+            log.exception("a step batch failed; its %d steps get the error", len(items))
+            for item in items:
                 if not item.future.done():
                     item.future.set_exception(exc)
-            raise
+            if not isinstance(exc, Exception):
+                raise
 
     def _gather(self) -> None:
-        """(Lock held) Wait while steps keep coming until every session that stepped in the
-        last RECENT_S seconds has one queued: at most `wait_s` after the latest arrival and
-        WAIT_CAP x `wait_s` in all. Sessions that step in turn (a chain of servers) then
-        run together, also when their steps trickle in."""
+        """(Lock held) Wait while steps keep coming until every stepping session has one
+        queued: at most `wait_s` after the latest arrival and WAIT_CAP x `wait_s` in all.
+        Sessions that step in turn (a chain of servers) then run together, also when their
+        steps trickle in."""
         start = time.monotonic()
+        waited, arrived = False, len(self._queue)
         while True:
             now = time.monotonic()
-            for key, (session, last) in list(self._seen.items()):
-                if session.closed or now - last > RECENT_S:
+            for key, pace in list(self._seen.items()):
+                if pace.session.closed or now - pace.last > RECENT_S:
                     del self._seen[key]
             queued = {id(item.step.session) for item in self._queue}
-            latest = max(self._seen[k][1] for k in queued if k in self._seen) if queued else start
+            stepping = {k for k, pace in self._seen.items() if pace.due(now, self.wait_s)}
+            latest = max((self._seen[k].last for k in queued if k in self._seen), default=start)
             deadline = min(max(start, latest) + self.wait_s, start + WAIT_CAP * self.wait_s)
-            if queued >= self._seen.keys() or now >= deadline:
+            if queued >= stepping or now >= deadline:
+                if waited:
+                    self.waits += 1
+                    self.vain_waits += int(len(self._queue) == arrived)
                 return
+            waited = True
             self._cond.wait(deadline - now)
 
     def _groups(self, items: list[_Queued]) -> list[list[_Queued]]:

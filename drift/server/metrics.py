@@ -45,12 +45,14 @@ def tokens_of(hidden_states: Any) -> int:
 class ServerMetrics:
     def __init__(self, gauges: dict[str, tuple[str, Callable[[], float]]],
                  histograms: dict[str, tuple[str, Callable[[], Histogram]]] | None = None,
+                 counters: dict[str, tuple[str, Callable[[], int]]] | None = None,
                  ) -> None:  # fmt: skip
         self.requests: Counter[tuple[str, str]] = Counter()  # (route, status) -> count
         self.step_latency = Histogram(LATENCY_BUCKETS_S)  # seconds per inference step
         self.forward_latency = Histogram(LATENCY_BUCKETS_S)  # seconds per /forward or /backward
         self.gauges = gauges  # name -> (help text, reader)
         self.histograms = histograms or {}  # name -> (help text, reader): owned elsewhere
+        self.counters = counters or {}  # name -> (help text, reader): owned elsewhere
         self.steps_total = 0  # inference steps run
         self.tokens_total = 0  # tokens (batch x length) through the span
         self.block_tokens_total = 0  # tokens x the blocks each ran through
@@ -86,5 +88,7 @@ class ServerMetrics:
             *m.counter("drift_steps_total", "Inference steps run.", self.steps_total),
             *m.counter("drift_tokens_total", "Tokens (batch x length) processed.",
                        self.tokens_total),
+            *(line for name, (help_text, read) in self.counters.items()
+              for line in m.counter(name, help_text, read())),
             *m.gauges(self.gauges),
         ])  # fmt: skip

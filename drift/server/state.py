@@ -45,6 +45,14 @@ class BlockServer:
         }, {
             "drift_step_batch_size": ("Sessions' steps run as one forward (since the span was loaded).",
                                       lambda: self.sessions.batcher.sizes),
+        }, {
+            "drift_batch_waits_total": ("Step batches that waited for a stepping session's step.",
+                                        lambda: self.sessions.batcher.waits),
+            "drift_batch_vain_waits_total": ("Of those, waits that ended with no step come in.",
+                                             lambda: self.sessions.batcher.vain_waits),
+            "drift_batch_drains_failed_total": ("Step batches that failed outside a forward "
+                                                "(their steps got the error).",
+                                                lambda: self.sessions.batcher.drains_failed),
         })  # fmt: skip
         self.sockets: set[web.WebSocketResponse] = set()  # inference sockets and push links
         self.push = PushHub()  # each session's socket, and the links this server pushes over

@@ -130,3 +130,73 @@ def test_measured_latency_changes_the_route():
     measured = [ServerInfo(s.peer_id, s.addr, 0, 8, s.throughput, s.cache_tokens_left,
                            ewma.get(s.peer_id)) for s in table]  # fmt: skip
     assert inference_route(measured, 0, 8)[0].peer_id == "b"
+
+
+def _old_style_split_table(left):
+    """Two servers 0:15 / 15:30 whose free KV room is `left` tokens per block of their span."""
+    return [srv("a", 0, 15, cache=left), srv("b", 15, 30, cache=left)]
+
+
+@pytest.mark.parametrize("left", [14 * 2048, 3 * 2048, 2048, 2047, 0])
+def test_kv_room_never_splits_a_server_into_hops(left):
+    """Held sessions shrink cache_tokens_left; whether or not the new session fits, the chain
+    is one hop per server (main split it into [0,1) [1,15) [15,16) [16,30) and shorter)."""
+    model = LatencyModel(cache_tokens_needed=2048)
+    route = inference_route(_old_style_split_table(left), 0, 30, model)
+    assert [(h.peer_id, h.start_block, h.end_block) for h in route] == [("a", 0, 15), ("b", 15, 30)]
+
+
+def test_kv_room_is_judged_per_block_of_the_span():
+    """cache_tokens_left is per block of the server's span: a session over k of its n blocks
+    needs tokens x k of the tokens_left x n block-tokens free."""
+    model = LatencyModel(cache_tokens_needed=100)
+    s = srv("a", 0, 10, cache=100)
+    assert model.has_room(s, 10) and model.has_room(s, 3)
+    assert not LatencyModel(cache_tokens_needed=101).has_room(s, 10)
+    assert LatencyModel(cache_tokens_needed=200).has_room(s, 5)
+    assert not LatencyModel(cache_tokens_needed=200).has_room(s, 6)
+
+
+def _chain_cost(route, table, model):
+    by_id = {s.peer_id: s for s in table}
+    return sum(model.hop_cost(by_id[h.peer_id], h.end_block - h.start_block) for h in route)
+
+
+def _brute_force(table, start, end, model, last=None):
+    """The least cost of any chain over [start, end) without two consecutive hops on one server."""
+    if start == end:
+        return 0.0
+    best = float("inf")
+    for s in table:
+        if s.peer_id == last or not s.start_block <= start < s.end_block:
+            continue
+        for stop in range(start + 1, min(s.end_block, end) + 1):
+            rest = _brute_force(table, stop, end, model, s.peer_id)
+            best = min(best, model.hop_cost(s, stop - start) + rest)
+    return best
+
+
+def test_route_is_optimal_among_chains_without_repeats():
+    rng = random.Random(7)
+    for _ in range(60):
+        n = 6
+        table = [srv("cover", 0, n, tp=rng.choice([5.0, 50.0]), cache=rng.choice([0, 64, 999]))]
+        for i in range(rng.randint(1, 3)):
+            a = rng.randrange(n)
+            b = rng.randint(a + 1, n)
+            table.append(
+                srv(
+                    f"s{i}",
+                    a,
+                    b,
+                    tp=rng.choice([5.0, 50.0, 500.0]),
+                    cache=rng.choice([0, 64, 999]),
+                    rtt=rng.choice([0.001, 0.05]),
+                )
+            )
+        model = LatencyModel(cache_tokens_needed=rng.choice([0, 100, 500]), cache_penalty_s=1.0)
+        route = inference_route(table, 0, n, model)
+        assert route[0].start_block == 0 and route[-1].end_block == n
+        assert all(x.end_block == y.start_block for x, y in zip(route, route[1:], strict=False))
+        assert all(x.peer_id != y.peer_id for x, y in zip(route, route[1:], strict=False))
+        assert _chain_cost(route, table, model) == pytest.approx(_brute_force(table, 0, n, model))

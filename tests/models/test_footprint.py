@@ -54,3 +54,14 @@ def test_kv_of_falcon_with_grouped_kv_heads(tmp_path) -> None:
         session.step(torch.randn(1, 5, 64))
     layer = session.cache.layers[0]
     assert (layer.keys.numel() + layer.values.numel()) // 5 == kv_values_per_token(config) == 128
+
+
+@pytest.mark.parametrize("family", ["gemma3", "gemma4", "mistral3"])
+def test_client_price_of_a_multimodal_save_is_what_loads(tmp_path, family: str) -> None:
+    """Gemma 3's wrapper ties its head by the outer config (its text config says untied)."""
+    from tests.multimodal_models import save_multimodal
+
+    ckpt = Checkpoint(save_multimodal(family, tmp_path / family))
+    head = ClientHead.load(ckpt)
+    per_layer = storage_bytes(head.per_layer) if head.per_layer is not None else 0
+    assert storage_bytes(head) - per_layer == client_bytes(ckpt.config, torch.float32)

@@ -26,7 +26,7 @@ class Gemma4Adapter(Adapter):
     """Layers called as layer(h, [per_layer_input,] shared_kv_states=, position_embeddings=,
     attention_mask=, position_ids=, cache=)."""
 
-    text_prefix: ClassVar[str] = "model."  # where the text tower's tensors live
+    text_prefix: ClassVar[str] = "model."  # the text model's own tensors (canonical names)
     layer_prefix: ClassVar[str] = "model.layers.{i}."
     embed_name: ClassVar[str] = "model.embed_tokens.weight"
     norm_prefix: ClassVar[str] = "model.norm."
@@ -127,12 +127,8 @@ class Gemma4Adapter(Adapter):
 
 @register("gemma4", "gemma4_unified")
 class Gemma4MultimodalAdapter(Gemma4Adapter):
-    """The text tower of a multimodal checkpoint: its text config, its language_model names."""
-
-    text_prefix: ClassVar[str] = "model.language_model."
-    layer_prefix: ClassVar[str] = "model.language_model.layers.{i}."
-    embed_name: ClassVar[str] = "model.language_model.embed_tokens.weight"
-    norm_prefix: ClassVar[str] = "model.language_model.norm."
+    """The text tower of a multimodal checkpoint: its text config (its tensors are found
+    under the tower by the checkpoint's layout, drift.models.layout)."""
 
     def __init__(self, config: Any) -> None:
         super().__init__(config.get_text_config())

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from drift.wire.errors import BadRequest, DriftError, Forbidden, NotFound
 
+from ..layout import TextLayout
 from .local import read_index
 
 log = logging.getLogger(__name__)
@@ -56,15 +57,20 @@ def layer_of(tensor_name: str) -> int | None:
 
 def select_shards(weight_map: Mapping[str, str], blocks: Iterable[int] | None) -> list[str]:
     """Sorted shard file names holding the layers in `blocks` (None: every shard of the text
-    model, never one holding only a multimodal checkpoint's vision or audio tower).
+    model, never one holding only a multimodal checkpoint's vision or audio tower; the text
+    tower is found by drift.models.layout, so an older save's `vision_tower.` layers are not
+    taken for blocks).
 
     Tensors outside the layers (embeddings, final norm, head) are not a block's: a client
     reads them, and its reads fetch their shards.
     """
+    layout = TextLayout.find(weight_map)
+    text = {name: shard for name, shard in weight_map.items()
+            if is_text(name) and layout.is_text(name)}  # fmt: skip
     if blocks is None:
-        return sorted({shard for name, shard in weight_map.items() if is_text(name)})
+        return sorted(set(text.values()))
     wanted = set(blocks)
-    return sorted({shard for name, shard in weight_map.items() if layer_of(name) in wanted})
+    return sorted({shard for name, shard in text.items() if layer_of(name) in wanted})
 
 
 def _explain(repo_id: str, revision: str | None, exc: Exception) -> DriftError:
