@@ -20,9 +20,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from drift.api.constraints import request_grammar
+from drift.api import prep
 from drift.api.engine import CausalLMEngine, GenerationParams
-from drift.api.grammar import Grammar
 from drift.api.metrics import ApiMetrics
 from drift.api.middleware import add_cors, bearer_auth, counted, json_response, openai_errors
 from drift.api.protocol import (
@@ -52,15 +51,9 @@ SERVICE = web.AppKey("drift_api_service", GenerationService)
 CONFIG = web.AppKey("drift_api_config", ApiConfig)
 STARTED = web.AppKey("drift_api_started", int)
 METRICS = web.AppKey("drift_api_metrics", ApiMetrics)
+PREP = web.AppKey("drift_api_prep", prep.Prep)
 
 _json = json_response
-
-
-async def _body(request: web.Request) -> Any:
-    try:
-        return orjson.loads(await request.read())
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
 
 
 async def health(request: web.Request) -> web.Response:
@@ -95,21 +88,14 @@ async def get_model(request: web.Request) -> web.Response:
     return _json(_card(request, adapter))
 
 
-def _grammar(engine: CausalLMEngine, lark: str | None, param: str) -> Grammar | None:
-    return None if lark is None else engine.grammars.compile(lark, param=param)
-
-
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    service = request.app[SERVICE]
+    service, pool = request.app[SERVICE], request.app[PREP]
     engine = service.engine
-    req = parse_chat(await _body(request))
+    req = await pool.parse(await request.read(), parse_chat)
     adapter = await service.check_model(req.model)
+    prompt, grammar = await pool.run(prep.chat, engine, req)
     tools = req.tools if req.tool_choice.mode != "none" else ()
-    prompt = engine.chat_prompt(req.messages, tools)
-    lark = request_grammar(req.response_format, tools, req.tool_choice,
-                           parallel=req.parallel_tool_calls)  # fmt: skip
-    param = "tools" if tools else "response_format"
-    params = service.params_for(prompt, req.options, _grammar(engine, lark, param), adapter)
+    params = service.params_for(prompt, req.options, grammar, adapter)
     builder = _builder(engine, req.options, chat=True, prompts=[prompt], echo=[""])
     if tools:
         builder = _builder(engine, req.options, chat=True, prompts=[prompt], echo=[""],
@@ -118,42 +104,27 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    service = request.app[SERVICE]
+    service, pool = request.app[SERVICE], request.app[PREP]
     engine = service.engine
-    req = parse_completion(await _body(request))
+    req = await pool.parse(await request.read(), parse_completion)
     adapter = await service.check_model(req.model)
-    prompts = [engine.encode(p) if isinstance(p, str) else list(p) for p in req.prompts]
-    _check_ids(engine, prompts, "prompt")
-    grammar = _grammar(engine, request_grammar(req.response_format), "response_format")
+    prompts, grammar, echo = await pool.run(prep.completion, engine, req)
     params = [service.params_for(ids, req.options, grammar, adapter) for ids in prompts]
-    echo = [
-        (p if isinstance(p, str) else engine.decode(p)) if req.echo else ""
-        for p in req.prompts
-        for _ in range(req.options.n)
-    ]
     builder = _builder(engine, req.options, chat=False, prompts=prompts, echo=echo)
     return await _run(request, prompts, params, req.options, builder)
 
 
-def _check_ids(engine: CausalLMEngine, inputs: Sequence[Sequence[int]], param: str) -> None:
-    for ids in inputs:
-        bad = [t for t in ids if not 0 <= t < engine.vocab_size()]
-        if bad:
-            raise BadRequest(f"token ids out of the vocabulary: {bad[:5]}", param=param)
-
-
 async def embeddings(request: web.Request) -> web.Response:
-    service = request.app[SERVICE]
+    service, pool = request.app[SERVICE], request.app[PREP]
     engine = service.engine
-    req = parse_embeddings(await _body(request))
+    req = await pool.parse(await request.read(), parse_embeddings)
     if await service.check_model(req.model) is not None:
         raise BadRequest("embeddings come from the base model: name it without ':adapter'",
                          param="model")  # fmt: skip
     if req.dimensions is not None and req.dimensions != engine.hidden_size:
         raise BadRequest(f"this model's embeddings have {engine.hidden_size} dimensions; "
                          "'dimensions' cannot change that", param="dimensions")  # fmt: skip
-    inputs = [engine.encode(x) if isinstance(x, str) else list(x) for x in req.inputs]
-    _check_ids(engine, inputs, "input")
+    inputs = await pool.run(prep.embedding_inputs, engine, req.inputs)
     longest = max(len(x) for x in inputs)
     if longest > engine.context_length:
         raise BadRequest(f"an input has {longest} tokens; this model's maximum context length "
@@ -303,6 +274,7 @@ def build_api_app(engine: CausalLMEngine, config: ApiConfig) -> web.Application:
     async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         service = GenerationService(engine, config.service, app_metrics)
         app[SERVICE] = service
+        app[PREP] = prep.Prep()
         app_metrics.gauges.update({
             "drift_api_queue_depth": ("Requests waiting for a generation slot.",
                                       lambda: service.waiting),
@@ -310,6 +282,7 @@ def build_api_app(engine: CausalLMEngine, config: ApiConfig) -> web.Application:
                                           lambda: service.active),
         })  # fmt: skip
         yield
+        app[PREP].close()
         service.close()
 
     app.cleanup_ctx.append(service_ctx)

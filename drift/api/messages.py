@@ -55,6 +55,23 @@ class ToolChoice:
     name: str | None = None  # the forced function when mode == "function"
 
 
+MAX_SCHEMA_DEPTH = 64  # nesting levels (objects and arrays) a JSON schema may have
+
+
+def check_schema_depth(schema: Any, param: str) -> None:
+    """BadRequest naming the limit when `schema` nests deeper than MAX_SCHEMA_DEPTH (counted
+    without recursion: a schema nested thousands deep is refused, not a RecursionError)."""
+    stack: list[tuple[Any, int]] = [(schema, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_SCHEMA_DEPTH:
+            raise _bad(param, f"the JSON schema nests deeper than the limit of "
+                              f"{MAX_SCHEMA_DEPTH} levels (MAX_SCHEMA_DEPTH)")  # fmt: skip
+        children = value.values() if isinstance(value, dict) else value if isinstance(
+            value, list) else ()  # fmt: skip
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+
+
 def _bad(param: str, message: str) -> BadRequest:
     return BadRequest(message, param=param)
 
@@ -146,6 +163,7 @@ def parse_tools(value: Any) -> tuple[ToolSpec, ...]:
             parameters = {"type": "object", "properties": {}}
         if not isinstance(description, str) or not isinstance(parameters, dict):
             raise _bad(where, "'description' must be a string and 'parameters' a JSON schema")
+        check_schema_depth(parameters, f"{where}.function.parameters")
         tools.append(ToolSpec(name, description, parameters))
     return tuple(tools)
 

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from drift.api.metrics import ApiMetrics
 from drift.api.render import drift_error_body, error_body
-from drift.wire.errors import DriftError, Forbidden, Unauthorized
+from drift.wire.errors import BadRequest, DriftError, Forbidden, Unauthorized
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,13 @@ def add_cors(app: web.Application, origins: Sequence[str]) -> None:
 
     @web.middleware
     async def preflight(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if (request.method == "POST" and "Origin" in request.headers
+                and request.content_type != "application/json"):  # fmt: skip
+            # a browser's "simple" cross-origin POST (text/plain, a form) skips the preflight:
+            # refused, so a page cannot run generations on a keyless (--no_auth) API
+            error = BadRequest("a POST from a browser must send 'Content-Type: application/json' "
+                               f"(got {request.content_type!r})")  # fmt: skip
+            return json_response(drift_error_body(error), 415)
         if request.method != "OPTIONS" or "Access-Control-Request-Method" not in request.headers:
             return await handler(request)
         origin = request.headers.get("Origin")

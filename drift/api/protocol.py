@@ -16,6 +16,7 @@ from drift.api.messages import (
     ChatMessage,
     ToolChoice,
     ToolSpec,
+    check_schema_depth,
     parse_messages,
     parse_tool_choice,
     parse_tools,
@@ -205,6 +206,7 @@ def _response_format(body: dict[str, Any]) -> ResponseFormat:
         if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
             raise _bad("response_format", "'json_schema' needs an object with a 'schema' object")
         name = spec.get("name")
+        check_schema_depth(spec.get("schema") or {}, "response_format")
         return ResponseFormat(
             kind, spec.get("schema") or {}, name if isinstance(name, str) else None
         )
@@ -235,10 +237,10 @@ def parse_chat(body: Any) -> ChatRequest:
     )
 
 
-def _prompts(body: dict[str, Any]) -> tuple[str | tuple[int, ...], ...]:
+def _prompts(body: dict[str, Any], limit: int = MAX_PROMPTS) -> tuple[str | tuple[int, ...], ...]:
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) > MAX_PROMPTS and not isinstance(prompt[0], int):
-        raise _bad("prompt", f"'prompt' takes at most {MAX_PROMPTS} prompts, got {len(prompt)}")
+    if isinstance(prompt, list) and len(prompt) > limit and not isinstance(prompt[0], int):
+        raise _bad("prompt", f"'prompt' takes at most {limit} prompts, got {len(prompt)}")
     if isinstance(prompt, str):
         return (prompt,)
     if isinstance(prompt, list) and prompt:
@@ -294,7 +296,7 @@ def parse_embeddings(body: Any) -> EmbeddingsRequest:
                          param=unknown[0], code="unknown_parameter")  # fmt: skip
     body = {**body, "prompt": body.get("input")}
     try:
-        inputs = _prompts(body)
+        inputs = _prompts(body, MAX_EMBED_INPUTS)
     except BadRequest as exc:
         raise _bad("input", exc.message.replace("'prompt'", "'input'")) from exc
     if len(inputs) > MAX_EMBED_INPUTS:

@@ -71,7 +71,7 @@ async def gossip(request: web.Request) -> web.Response:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise BadRequest(f"gossip body is not JSON: {exc}") from exc
-    return _json(node.handle_gossip(data))
+    return _json(node.handle_gossip(data, sender=request.remote or ""))
 
 
 async def swarm_coverage(request: web.Request) -> web.Response:

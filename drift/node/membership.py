@@ -142,11 +142,13 @@ class MembershipNode:
                 "latency_ms": latency}  # fmt: skip
 
     # -- serving gossip ---------------------------------------------------------------
-    def handle_gossip(self, data: Any) -> dict[str, Any]:
-        """Take a caller's records (admission decides which are trusted now); reply with what
-        the caller lacks (or, for `pull: false`, only our own record) plus our identity proof."""
+    def handle_gossip(self, data: Any, *, sender: str = "") -> dict[str, Any]:
+        """Take a caller's records (admission decides which are trusted now, the caller's own
+        record first, each sending address within its share); reply with what the caller
+        lacks (or, for `pull: false`, only our own record) plus our identity proof."""
         items, nonce, pull = parse_gossip_body(data, self.config.max_gossip_records)
-        self._ingest(items)
+        caller = data.get("peer_id") if isinstance(data.get("peer_id"), str) else None
+        self._ingest(items, sender=sender, caller=caller)
         theirs: dict[str, int] = {}
         for item in items:
             if isinstance(item, dict) and isinstance(item.get("seq"), int):
@@ -160,19 +162,17 @@ class MembershipNode:
             out["proof"] = sign_proof(self.identity, nonce)
         return out
 
-    def _ingest(self, items: list[Any], *, proven: tuple[str, str] | None = None) -> None:
+    def _ingest(self, items: list[Any], *, proven: tuple[str, str] | None = None,
+                sender: str = "", caller: str | None = None) -> None:  # fmt: skip
         """Raw records from gossip into admission; `proven` = (peer id, url) of a peer that just
-        proved its id at that url: its own record there is trusted without another dial."""
+        proved its id at that url; `sender` the address the records came from and `caller`
+        the peer id it claims (its own record is dialled first)."""
         now = self.clock()
         records = self.table.parse_wire(items, skip=self.peer_id)
         self._check_own_echo(items)
         if proven is not None:
-            pid, url = proven
-            direct = [r for r in records if r.peer_id == pid and url in r.addrs]
-            for record in direct:
-                self.admission.dialled(record, True, now)
-            records = [r for r in records if r not in direct]
-        self.admission.offer(records, now)
+            self.admission.prove(*proven)
+        self.admission.offer(records, now, sender=sender, caller=caller)
         self._log_conflicts()
 
     def _check_own_echo(self, items: list[Any]) -> None:
@@ -269,17 +269,27 @@ class MembershipNode:
         return out
 
     async def dial_pending(self) -> int:
-        """Dial queued records' addresses (open swarms): a peer that proves its id there is
-        trusted, one that does not is dropped and not retried for a while. Returns #trusted."""
+        """Dial every not yet proven address of queued records (open swarms): a peer that
+        proves its id at each is trusted, one that fails at any is dropped and not retried
+        for a while. Returns #trusted."""
         queued = self.admission.take(self.config.dials_per_round)
-        results = await asyncio.gather(
-            *(self.exchange_with(r.addrs[0], r.peer_id, pull=False) for r in queued),
-            return_exceptions=True,
-        )
+        results = await asyncio.gather(*(self._prove_all(r) for r in queued))
         now = self.clock()
-        for record, res in zip(queued, results, strict=True):
-            self.admission.dialled(record, not isinstance(res, BaseException), now)
-        return sum(not isinstance(res, BaseException) for res in results)
+        for record, ok in zip(queued, results, strict=True):
+            self.admission.dialled(record, ok, now)
+        return sum(results)
+
+    async def _prove_all(self, record: PeerRecord) -> bool:
+        """Whether the peer proves its id at every address of `record` not proven yet (the
+        first dial carries our table, like any exchange; the others only our own record)."""
+        for i, addr in enumerate(self.admission.unproven(record)):
+            own = None if i == 0 else [self.record] if self.record is not None else []
+            try:
+                await self.exchange_with(addr, record.peer_id, pull=False, records=own)
+            except Exception as exc:  # any failure: not proven (one bad dial stops no round)
+                log.debug("%s does not prove its id at %s: %s", record.peer_id, addr, exc)
+                return False
+        return True
 
     async def gossip_round(self) -> None:
         """Re-sign our record, drop expired ones, exchange with a few random live peers (and

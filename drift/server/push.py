@@ -63,12 +63,14 @@ class PushHub:
 
 
 def check_member(node: MembershipNode, hop: NextHop) -> None:
-    """PushRefused unless `hop` is a live member of this server's table at that address."""
+    """PushRefused unless `hop` is a live member of this server's table at an address it
+    proved (drift.node.admission: in an open swarm, every announced address is dialled and
+    proven before the record is trusted)."""
     record = node.table.get(hop.peer_id)
     if record is None or not node.table.is_live(hop.peer_id, node.clock()):
         raise PushRefused(f"will not push to peer {hop.peer_id}: it is not a live member of "
                           "this server's swarm table", peer_id=hop.peer_id)  # fmt: skip
-    if hop.addr not in {addr.rstrip("/") for addr in record.addrs}:
+    if hop.addr not in record.addrs or not node.admission.is_proven(hop.peer_id, hop.addr):
         raise PushRefused(f"will not push to peer {hop.peer_id} at {hop.addr}: its record "
                           f"announces {list(record.addrs)}", peer_id=hop.peer_id)  # fmt: skip
 

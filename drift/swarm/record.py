@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from drift.identity import Identity, verify_signature
+from drift.wire.addr import addr_problem
 from drift.wire.errors import BadRequest
 from drift.wire.lora import check_adapter_names
 
@@ -153,6 +154,10 @@ class PeerRecord:
             raise BadRequest(
                 f"membership record field 'addrs' must be a list of at most {MAX_ADDRS} strings"
             )
+        for addr in addrs:
+            problem = addr_problem(addr)
+            if problem is not None:
+                raise BadRequest(f"membership record field 'addrs': {problem}")
         values["addrs"] = tuple(values["addrs"])
         signature = data.get("signature")
         if not isinstance(signature, str):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from drift.wire import checks as c
+from drift.wire.addr import addr_problem
 from drift.wire.errors import BadRequest
 
 NEXT = "next"  # step param: the hops after this span
@@ -50,10 +51,11 @@ def parse_next(params: dict[str, Any]) -> tuple[NextHop, ...]:
         if not isinstance(item, dict):
             raise BadRequest(f"each hop of {NEXT!r} must be an object with addr, peer_id, "
                              "session_id and step_id")  # fmt: skip
-        addr = c.get_str(item, "addr")
-        if not addr.startswith(("http://", "https://")):
-            raise BadRequest(f"hop address {addr!r} must be an http:// or https:// URL")
-        hops.append(NextHop(addr.rstrip("/"), c.get_str(item, "peer_id"),
+        addr = c.get_str(item, "addr").rstrip("/")  # a trailing slash is the same address
+        problem = addr_problem(addr)
+        if problem is not None:
+            raise BadRequest(f"hop of {NEXT!r}: {problem}")
+        hops.append(NextHop(addr, c.get_str(item, "peer_id"),
                             c.get_str(item, SESSION), c.get_int(item, "step_id")))  # fmt: skip
     return tuple(hops)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import time
 
 import aiohttp
@@ -161,3 +162,52 @@ async def test_half_open_sockets_are_closed(nodes: Nodes) -> None:
     data = await asyncio.wait_for(reader.read(), 30)  # the server closes it (or this times out)
     assert data == b""
     writer.close()
+
+
+async def test_an_identity_flood_cannot_keep_a_real_newcomer_out(nodes: Nodes) -> None:
+    """Issue 24, finding 4: 64 POSTs x 300 fresh self-signed identities from one address
+    (127.0.0.2) while a real new server joins from another (127.0.0.1): each address holds
+    only its share of the admission queue, and a caller's own record is dialled first, so
+    the newcomer is trusted while the flood is still going."""
+    seed, seed_run = await nodes.start()
+    batches = [[fake_server_record() for _ in range(300)] for _ in range(64)]
+    posted = 0
+
+    async def flood() -> None:
+        nonlocal posted
+        connector = aiohttp.TCPConnector(local_addr=("127.0.0.2", 0))
+        async with aiohttp.ClientSession(connector=connector) as http:
+            for batch in batches:
+                body = orjson.dumps({"peer_id": batch[0]["peer_id"], "records": batch,
+                                     "nonce": new_nonce()})  # fmt: skip
+                async with http.post(f"http://127.0.0.1:{seed_run.port}/swarm/gossip",
+                                     data=body, headers={"Content-Type": "application/json"}
+                                     ) as resp:  # fmt: skip
+                    await resp.read()
+                posted += 1
+                await asyncio.sleep(0.05)
+
+    attack = asyncio.create_task(flood())
+    try:
+        while posted < 8:  # the queue is full of the flood
+            await asyncio.sleep(0.05)
+        assert seed.admission.dropped["sender_full"] > 0 or len(seed.admission.pending) > 0
+        server, _ = await nodes.start(seed.join_token())
+        seen_at = None
+        while not attack.done():
+            if server.peer_id in live_ids(seed):
+                seen_at = posted
+                break
+            await asyncio.sleep(0.05)
+        assert seen_at is not None and seen_at < len(batches), (
+            "the flood kept the real newcomer out of the seed's table until it ended"
+        )
+        assert len(seed.admission.per_sender) <= 2
+        assert max(seed.admission.per_sender.values(), default=0) <= (
+            seed.admission.limits.max_pending_per_sender)
+    finally:
+        attack.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await attack
+    fakes = {r["peer_id"] for batch in batches for r in batch}
+    assert not fakes & live_ids(seed)
