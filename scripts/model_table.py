@@ -70,7 +70,8 @@ def row(label: str, model_type: str, numbers: dict[str, Any]) -> str:
         blocks = block_weight_bytes(config, dtype, quant)
         block = max(blocks)
         cache = kv_bytes_per_token(config, dtype) * CACHE_TOKENS
-        fit = blocks_that_fit(free_bytes=MACHINE_BYTES, block_bytes=block, cache_bytes=cache,
+        fit = blocks_that_fit(free_bytes=int(MACHINE_BYTES * 0.9), block_bytes=block,  # 10%: OS
+                              cache_bytes=cache,
                               total_blocks=layers, reserve_bytes=CPU_RESERVE_BYTES)  # fmt: skip
         client = client_bytes(config, dtype if quant == "none" else torch.bfloat16)
         machines = str(math.ceil(layers / fit)) if fit else "-"

@@ -1,8 +1,14 @@
-"""How many blocks fit on this machine: free memory / (block weights + the KV cache it reserves).
+"""How many blocks fit in this machine's budget: (budget - headroom) / (block + its KV cache).
 
-Prices a block from the config (drift.models.footprint: its layer built on the meta device,
-at the chosen dtype and quantization, no weights read) and adds the KV cache each block
-reserves for `cache_tokens` tokens. Knows nothing about which blocks to serve or how.
+The budget is what drift.cli._budget reads (cgroup, host, accelerator, --max_memory: the
+smallest), i.e. what this process may still take after its own base (interpreter, torch, the
+opened checkpoint) is already counted as used. A block is priced from the config
+(drift.models.footprint: its layer built on the meta device, at the chosen dtype and
+quantization: what a loaded block holds) plus the KV cache it reserves for `cache_tokens`
+tokens. The headroom covers whichever is larger: the runtime's growth (activations, the HTTP
+server, allocator slack) or loading's transient (a quantized block is assembled in float
+first); blocks load one by one, so loading never holds more than that. Knows nothing about
+which blocks to serve or how.
 """
 
 from __future__ import annotations
@@ -11,11 +17,12 @@ from dataclasses import dataclass
 
 import torch
 
+from drift.cli._budget import Budget, read_budget
 from drift.wire.errors import BadRequest
 
-CPU_RESERVE_BYTES = 1 << 30  # left for the OS, the Python process and activations
-ACCEL_RESERVE_BYTES = 512 << 20  # activations, allocator slack, CUDA context
-USABLE_FRACTION = 0.9
+CPU_RESERVE_BYTES = 1 << 30  # a whole machine planned ahead (model_table): OS + process base
+CPU_HEADROOM_BYTES = 256 << 20  # runtime growth after loading: activations, HTTP, heap slack
+ACCEL_HEADROOM_BYTES = 512 << 20  # activations, allocator slack on an accelerator
 
 
 @dataclass(frozen=True)
@@ -23,19 +30,26 @@ class Capacity:
     """The arithmetic behind a block count, for the startup message."""
 
     num_blocks: int  # blocks that fit, capped at the model's block count
-    free_bytes: int  # free memory found on the device
+    free_bytes: int  # the budget: what this process may still take
     block_bytes: int  # weights of one block at the chosen dtype / quantization
     cache_bytes: int  # KV cache one block reserves
+    headroom_bytes: int = 0  # kept free: runtime growth or loading's transient, the larger
+    total_blocks: int = 0
+    budget: Budget | None = None  # where free_bytes came from (None: given by the caller)
+    base_bytes: int | None = None  # this process's resident memory when sized
 
     def explain(self) -> str:
+        base = f"; this process holds {_gib(self.base_bytes)}" if self.base_bytes else ""
+        where = f"\n  {self.budget.explain()}" if self.budget is not None else ""
         return (
-            f"{self.num_blocks} blocks fit: {_gib(self.free_bytes)} free, "
-            f"{_mib(self.block_bytes)} weights + {_mib(self.cache_bytes)} KV cache per block"
+            f"{self.num_blocks} of {self.total_blocks} blocks fit in {_gib(self.free_bytes)}: "
+            f"{_mib(self.block_bytes)} weights + {_mib(self.cache_bytes)} KV cache per block, "
+            f"{_mib(self.headroom_bytes)} headroom{base}{where}"
         )
 
 
 def _gib(n: int) -> str:
-    return f"{n / (1 << 30):.1f} GiB"
+    return f"{n / (1 << 30):.2f} GiB"
 
 
 def _mib(n: int) -> str:
@@ -55,16 +69,17 @@ def free_memory(device: torch.device) -> int:
     return int(psutil.virtual_memory().available)  # Linux's MemAvailable; macOS, Windows too
 
 
-def reserve_bytes(device: torch.device) -> int:
-    """Memory left for the OS, the Python process and activations."""
-    return CPU_RESERVE_BYTES if device.type == "cpu" else ACCEL_RESERVE_BYTES
+def headroom_bytes(device: torch.device, transient_bytes: int = 0) -> int:
+    """Memory kept free: the runtime's growth or loading's transient, whichever is larger."""
+    runtime = CPU_HEADROOM_BYTES if device.type == "cpu" else ACCEL_HEADROOM_BYTES
+    return max(runtime, transient_bytes)
 
 
 def blocks_that_fit(
     *, free_bytes: int, block_bytes: int, cache_bytes: int, total_blocks: int, reserve_bytes: int
 ) -> int:
-    """floor((free * 0.9 - reserve) / (block + cache)), capped at `total_blocks`; 0 if none fit."""
-    usable = int(free_bytes * USABLE_FRACTION) - reserve_bytes
+    """floor((free - reserve) / (block + cache)), capped at `total_blocks`; 0 if none fit."""
+    usable = free_bytes - reserve_bytes
     per_block = block_bytes + cache_bytes
     if per_block <= 0:
         raise BadRequest("a block must take some memory")
@@ -79,30 +94,34 @@ def choose_num_blocks(
     quant: str = "none",
     cache_tokens: int,
     free_bytes: int | None = None,
+    max_memory: int | None = None,
 ) -> Capacity:
     """How many of the model's blocks this device can serve, with the numbers behind it.
 
-    `free_bytes`: the memory to fill (default: what is free on `device` now).
+    `free_bytes`: the budget to fill (default: read now, drift.cli._budget, capped by
+    `max_memory`, this process's whole share of the machine).
     """
     from drift.models.footprint import block_weight_bytes, kv_bytes_per_token
+    from drift.models.memory import resident_bytes
 
-    free = free_memory(device) if free_bytes is None else free_bytes
+    budget = None
+    if free_bytes is None:
+        budget = read_budget(device, max_memory=max_memory)
+        free_bytes = budget.available
     block = max(block_weight_bytes(config, dtype, quant))  # the costliest kind of block
+    # a quantized block is assembled in `dtype` on the CPU before it shrinks
+    transient = max(block_weight_bytes(config, dtype)) if quant != "none" else 0
     cache = kv_bytes_per_token(config, dtype) * cache_tokens
-    reserve = reserve_bytes(device)
+    headroom = headroom_bytes(device, transient)
     total = int(config.num_hidden_layers)
-    n = blocks_that_fit(
-        free_bytes=free,
-        block_bytes=block,
-        cache_bytes=cache,
-        total_blocks=total,
-        reserve_bytes=reserve,
-    )
-    capacity = Capacity(n, free, block, cache)
+    n = blocks_that_fit(free_bytes=free_bytes, block_bytes=block, cache_bytes=cache,
+                        total_blocks=total, reserve_bytes=headroom)  # fmt: skip
+    capacity = Capacity(n, free_bytes, block, cache, headroom, total, budget,
+                        resident_bytes() if budget is not None else None)  # fmt: skip
     if n == 0:
         raise BadRequest(
             f"not even one block fits on {device}: {capacity.explain()}. Free some memory, use "
-            "--quant_type int8/nf4, a smaller --torch_dtype or --attn_cache_tokens, or pass "
-            "--num_blocks explicitly"
+            "--quant_type int8/nf4, a smaller --torch_dtype or --attn_cache_tokens, raise "
+            "--max_memory, or pass --num_blocks explicitly".replace("\n  ", "; ")
         )
     return capacity

@@ -42,6 +42,7 @@ ENV_VARS: dict[str, str] = {
     "DRIFT_INITIAL_PEERS": "initial_peers",  # comma-separated for several
     "DRIFT_CACHE": "cache_dir",
     "DRIFT_LOG_LEVEL": "log_level",
+    "DRIFT_MAX_MEMORY": "max_memory",  # drift up: this process's share of the machine
 }
 # Flags (by dest) that set one thing together: a source that sets one of them sets the group.
 SAME_SETTING: tuple[frozenset[str], ...] = (

@@ -15,7 +15,15 @@ from pathlib import Path
 
 from drift.cli._options import add_cache_dir
 from drift.cli._service import stop_hint
-from drift.cli.procs import ProcessRecord, kill, read_records, run_dir, terminate, wait_for_exit
+from drift.cli.procs import (
+    ProcessRecord,
+    how_it_died,
+    kill,
+    read_records,
+    run_dir,
+    terminate,
+    wait_for_exit,
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -76,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
             continue
         status = record.status()
         if status == "stale":
-            print(f"removing stale record: {describe(record)} (process is gone)")
+            print(f"removing stale record: {describe(record)} (process is gone: "
+                  f"{how_it_died(record)})")
             _remove(path)
         elif status == "reused":
             print(

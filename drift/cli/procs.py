@@ -21,6 +21,7 @@ from typing import Any
 
 import psutil
 
+from drift.cli._budget import oom_kill_counts, oom_kills_now
 from drift.cli._secrets import scrub_argv
 from drift.paths import resolve_cache_dir
 
@@ -94,6 +95,19 @@ class ProcessRecord:
         return "running"
 
 
+def how_it_died(record: ProcessRecord, now: dict[str, int] | None = None) -> str:
+    """Why a stale record's process is gone: it never removed its record, so it was killed
+    (SIGKILL, or the kernel's OOM killer when an OOM-kill counter covering it rose) or crashed."""
+    then = record.extra.get("oom_kills") or {}
+    now = oom_kills_now(list(then)) if now is None else now
+    rose = [name for name, n in now.items() if name in then and n > int(then[name])]
+    if rose:
+        where = "its memory cgroup" if any(n != "host" for n in rose) else "this machine"
+        return (f"killed by the kernel: out of memory (an OOM kill in {where} since it started; "
+                "see --max_memory / a larger memory limit)")  # fmt: skip
+    return "it ended without stopping: killed (SIGKILL, exit 137) or crashed"
+
+
 def _write_atomic(path: Path, data: Mapping[str, Any]) -> None:
     """Write the record readable by its owner only (it names ports, peer ids, commands)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -146,7 +160,7 @@ def process_record(
         port=port,
         peer_id=peer_id,
         started_at=time.time(),
-        extra=dict(extra),
+        extra={**extra, "oom_kills": oom_kill_counts()},  # to tell an OOM kill later
     )
     path = run_dir(cache_dir) / record.file_name()
     handle = RecordHandle(path, record)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from drift.cli._budget import parse_size
 from drift.cli._exits import usage_errors
 from drift.cli._identity import open_node_identity
 from drift.cli._net import DEFAULT_PORT, check_port_free, join_command, pick_free_port
@@ -53,6 +54,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="start a new private swarm: create a random swarm key in <cache_dir>/swarm.key "
         "(mode 0600; reused on restart) unless a key is given; joiners pass a copy of it with "
         "--swarm_key_file",
+    )
+    p.add_argument(
+        "--max_memory",
+        type=parse_size,
+        default=None,
+        metavar="SIZE",
+        help="the most memory this server may use in all, e.g. 3GiB or 1536MiB, for a share of "
+        "the machine (default: $DRIFT_MAX_MEMORY, else no cap beyond what the machine has: its "
+        "memory cgroup (container or systemd limit), its free RAM, or the GPU's free memory)",
     )
     p.add_argument(
         "--start_delay",
@@ -103,6 +113,7 @@ class UpConfig:
     start_delay_s: float  # max random wait before reading the swarm, seconds
     balance: BalanceConfig | None  # None: never move (pinned span or --balance_quality 0)
     auto_port: bool = False  # the default port, not asked for: a busy one moves to a free one
+    max_memory: int | None = None  # --max_memory: this process's share of the machine, bytes
 
 
 def up_config_from_args(args: argparse.Namespace) -> UpConfig:
@@ -125,7 +136,7 @@ def up_config_from_args(args: argparse.Namespace) -> UpConfig:
     asked = any(a.split("=", 1)[0] in ("--port", "--host_maddrs") for a in argv)
     auto_port = node.port == DEFAULT_PORT and not args.host_maddrs and not asked
     return UpConfig(args.model, node, server, identity_path, key_file, args.start_delay, balance,
-                    auto_port)  # fmt: skip
+                    auto_port, getattr(args, "max_memory", None))  # fmt: skip
 
 
 def private_swarm_key(path: Path) -> str:
@@ -194,29 +205,57 @@ def pick_num_blocks(cfg: UpConfig, ckpt: Any) -> int | None:
     dtype = parse_dtype(cfg.server.torch_dtype, device)
     quant = parse_quant(cfg.server.quant_type, device)
     cap = choose_num_blocks(ckpt.config.get_text_config(), device, dtype, quant=quant,
-                            cache_tokens=cfg.server.attn_cache_tokens)  # fmt: skip
+                            cache_tokens=cfg.server.attn_cache_tokens,
+                            max_memory=cfg.max_memory)  # fmt: skip
     say(f"memory: {cap.explain()}")
     return cap.num_blocks
+
+
+def swarm_format(records: list[PeerRecord]) -> tuple[str, str] | None:
+    """(dtype, quant) most of the swarm's servers run, or None when no server says."""
+    counts: dict[tuple[str, str], int] = {}
+    for r in records:
+        if r.role == "server" and r.dtype:
+            key = (r.dtype, r.quant or "none")
+            counts[key] = counts.get(key, 0) + 1
+    return max(counts, key=lambda k: counts[k]) if counts else None
+
+
+def follow_swarm_format(cfg: UpConfig, records: list[PeerRecord]) -> UpConfig:
+    """--torch_dtype / --quant_type left at auto take the swarm's, so a joiner run as printed
+    holds what the others hold (not float32 on a CPU beside bfloat16 servers)."""
+    found = swarm_format(records)
+    s = cfg.server
+    if found is None or (s.torch_dtype != "auto" and s.quant_type != "auto"):
+        return cfg
+    dtype = found[0] if s.torch_dtype == "auto" else s.torch_dtype
+    quant = found[1] if s.quant_type == "auto" else s.quant_type
+    say(f"serving as the swarm does: --torch_dtype {dtype} --quant_type {quant}")
+    return dataclasses.replace(cfg, server=dataclasses.replace(s, torch_dtype=dtype,
+                                                               quant_type=quant))  # fmt: skip
 
 
 def _load_and_serve(cfg: UpConfig, rec: RecordHandle, identity: Identity) -> int:
     from drift.models.checkpoint import open_checkpoint
     from drift.models.devices import parse_dtype, pick_device
 
+    records: list[PeerRecord] = []
+    tokens = cfg.node.initial_peers
+    if tokens:  # read first: the swarm's dtype decides how the checkpoint is opened
+        if cfg.server.start_block is None and cfg.start_delay_s > 0:
+            delay = random.uniform(0, cfg.start_delay_s)
+            say(f"waiting {delay:.1f}s so servers starting together pick different blocks ...")
+            time.sleep(delay)  # synchronous start-up: no event loop runs yet
+        say(f"reading the swarm from {tokens[0].to_drift(with_key=False)} ...")
+        records = live_swarm_records(cfg.node)
+        cfg = follow_swarm_format(cfg, records)
     say(f"opening {cfg.model} (converted once, then cached under {cfg.server.cache_dir}) ...")
     dtype = parse_dtype(cfg.server.torch_dtype, pick_device(cfg.server.device))  # a GGUF
     ckpt = open_checkpoint(cfg.model, cache_dir=cfg.server.cache_dir, dtype=dtype)  # converts to it
     cfg = dataclasses.replace(
         cfg, server=dataclasses.replace(cfg.server, num_blocks=pick_num_blocks(cfg, ckpt))
     )
-    records: list[PeerRecord] = []
-    tokens = cfg.node.initial_peers
-    if tokens:
-        if cfg.server.start_block is None and cfg.start_delay_s > 0:
-            delay = random.uniform(0, cfg.start_delay_s)
-            say(f"waiting {delay:.1f}s so servers starting together pick different blocks ...")
-            time.sleep(delay)  # synchronous start-up: no event loop runs yet
-        say(f"reading the swarm from {tokens[0].to_drift(with_key=False)} ...")
+    if tokens:  # re-read: servers that announced while this one opened the checkpoint
         records = live_swarm_records(cfg.node)
     return serve(cfg, rec, identity, ckpt, records)
 

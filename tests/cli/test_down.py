@@ -66,7 +66,8 @@ def test_record_written_and_removed(tmp_path):
         [(path, record)] = read_records(tmp_path)
         assert record is not None and record.pid == os.getpid() and record.port == 1234
         assert record.start_time == process_start_time(os.getpid()) is not None
-        assert record.extra == {"model": "m"} and record.status() == "running"
+        assert record.extra["model"] == "m" and record.status() == "running"
+        assert "host" in record.extra["oom_kills"]  # to tell an OOM kill later (Linux)
         handle.update(port=999)
         assert read_records(tmp_path)[0][1].port == 999
     assert read_records(tmp_path) == []

@@ -32,7 +32,7 @@ def test_up_nf4_sizes_and_announces_the_quantized_span(
             "--attn_cache_tokens", "1024", "--plain_http"]  # fmt: skip
     proc = DriftProc(args, env)
     drift_procs.append(proc)
-    memory = proc.wait_for(r"memory: (\d+) blocks fit: .* free, ([\d.]+) MiB weights")
+    memory = proc.wait_for(r"memory: (\d+) of \d+ blocks fit in .*: ([\d.]+) MiB weights")
     config = open_checkpoint("smollm2", cache_dir=smollm2_cache).config
     nf4 = block_weight_bytes(config, torch.float32, "nf4")[0] / 2**20
     float32 = block_weight_bytes(config, torch.float32, "none")[0] / 2**20
