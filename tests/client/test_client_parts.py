@@ -120,7 +120,9 @@ async def test_a_download_resumes_and_bad_bytes_are_refused(tmp_path, tiny_dirs,
     model_dir = _named(tiny_dirs, "llama", tmp_path / "models", "acme-resume")
     swarm = await swarms.start(model_dir, [(0, 4)], parts_cache=tmp_path / "srv")
     source = Source(swarm.seed.url, swarm.seed.node.peer_id)
-    served = prepare_parts(open_checkpoint(model_dir), tmp_path / "srv")
+    # the same parts prepared apart from the server's cache (which the server may be
+    # preparing or swapping in at this moment): the bytes and manifest are the same
+    served = prepare_parts(open_checkpoint(model_dir), tmp_path / "mine")
     weights = next(f for f in served.manifest.files if f.name == "model.safetensors")
     cache = tmp_path / "client"
     blobs = parts_dir(cache, swarm.fingerprint) / ".blobs"
