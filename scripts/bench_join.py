@@ -140,8 +140,10 @@ def sdk_check(token: str, model: Path, cache: Path) -> list[int]:
     ) as dist:
         out = dist.generate(ids, max_new_tokens=16, do_sample=False)
     assert torch.equal(out, ref), (out, ref)
-    print(f"SDK: load_tokenizer + from_pretrained({NAME!r}, initial_peers=...) generated the "
-          f"same 16 greedy tokens as local transformers: {tokenizer.decode(out[0, ids.shape[1]:])!r}")
+    print(
+        f"SDK: load_tokenizer + from_pretrained({NAME!r}, initial_peers=...) generated the "
+        f"same 16 greedy tokens as local transformers: {tokenizer.decode(out[0, ids.shape[1] :])!r}"
+    )
     return out[0].tolist()
 
 
@@ -167,8 +169,11 @@ def main() -> int:
                 assert found, err
                 cached = tree_bytes(home / ".cache" / "drift" / "client-parts") / 2**20
                 downloaded.append(float(found.group(1)))
-                print(f"cold  {seconds:6.1f}s  downloaded {found.group(1)} MiB in "
-                      f"{found.group(2)}s (cache holds {cached:.1f} MiB)", flush=True)
+                print(
+                    f"cold  {seconds:6.1f}s  downloaded {found.group(1)} MiB in "
+                    f"{found.group(2)}s (cache holds {cached:.1f} MiB)",
+                    flush=True,
+                )
                 times["cold"].append(seconds)
                 seconds, _, err = client(token, home, work)
                 assert not DOWNLOADED.search(err), err

@@ -84,8 +84,10 @@ def run(args: argparse.Namespace) -> int:
             continue
         status = record.status()
         if status == "stale":
-            print(f"removing stale record: {describe(record)} (process is gone: "
-                  f"{how_it_died(record)})")
+            print(
+                f"removing stale record: {describe(record)} (process is gone: "
+                f"{how_it_died(record)})"
+            )
             _remove(path)
         elif status == "reused":
             print(

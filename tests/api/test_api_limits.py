@@ -34,8 +34,9 @@ def nested(depth: int) -> Raw | dict:
         for _ in range(depth):
             schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
         return schema
-    return Raw('{"type": "object", "properties": {"a": ' * depth + '{"type": "string"}'
-               + "}}" * depth)
+    return Raw(
+        '{"type": "object", "properties": {"a": ' * depth + '{"type": "string"}' + "}}" * depth
+    )
 
 
 def encode(value: object) -> str:
@@ -50,21 +51,28 @@ def encode(value: object) -> str:
 
 async def post(url: str, path: str, body: dict, headers: dict = AUTH) -> tuple[int, dict]:
     async with aiohttp.ClientSession() as http:
-        async with http.post(f"{url}{path}", data=encode(body),
-                             headers={**headers, "Content-Type": "application/json"}) as resp:
+        async with http.post(
+            f"{url}{path}",
+            data=encode(body),
+            headers={**headers, "Content-Type": "application/json"},
+        ) as resp:
             return resp.status, await resp.json()
 
 
 async def test_a_deeply_nested_schema_is_a_400_naming_the_limit(api_url: str) -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": "deep", "schema": nested(500)}}
-    status, body = await post(api_url, "/v1/chat/completions",
-                              {"model": MODEL_ID, "messages": MESSAGES, "response_format": fmt})
+    status, body = await post(
+        api_url,
+        "/v1/chat/completions",
+        {"model": MODEL_ID, "messages": MESSAGES, "response_format": fmt},
+    )
     assert status == 400, body
     assert f"limit of {MAX_SCHEMA_DEPTH} levels" in body["error"]["message"]
     assert body["error"]["param"] == "response_format"
     tool = {"type": "function", "function": {"name": "f", "parameters": nested(500)}}
-    status, body = await post(api_url, "/v1/chat/completions",
-                              {"model": MODEL_ID, "messages": MESSAGES, "tools": [tool]})
+    status, body = await post(
+        api_url, "/v1/chat/completions", {"model": MODEL_ID, "messages": MESSAGES, "tools": [tool]}
+    )
     assert status == 400 and "MAX_SCHEMA_DEPTH" in body["error"]["message"], body
     # a schema within the limit still compiles and constrains
     fmt["json_schema"]["schema"] = nested(3)
@@ -75,11 +83,13 @@ async def test_a_deeply_nested_schema_is_a_400_naming_the_limit(api_url: str) ->
 
 
 async def test_embeddings_take_as_many_inputs_as_the_readme_says(api_url: str) -> None:
-    status, body = await post(api_url, "/v1/embeddings",
-                              {"model": MODEL_ID, "input": [f"x{i}" for i in range(40)]})
+    status, body = await post(
+        api_url, "/v1/embeddings", {"model": MODEL_ID, "input": [f"x{i}" for i in range(40)]}
+    )
     assert status == 200 and len(body["data"]) == 40, body
-    status, body = await post(api_url, "/v1/embeddings",
-                              {"model": MODEL_ID, "input": ["x"] * (MAX_EMBED_INPUTS + 1)})
+    status, body = await post(
+        api_url, "/v1/embeddings", {"model": MODEL_ID, "input": ["x"] * (MAX_EMBED_INPUTS + 1)}
+    )
     assert status == 400 and f"at most {MAX_EMBED_INPUTS}" in body["error"]["message"]
 
 
@@ -106,6 +116,9 @@ async def test_cross_origin_text_plain_post_is_refused_without_keys(keyless_url:
         async with http.get(f"{keyless_url}/health") as resp:
             assert (await resp.json())["tokens_generated"] == 0
         # a JSON POST (what a page can send only after a CORS preflight) and a plain client run
-        async with http.post(f"{keyless_url}/v1/completions", data=payload,
-                             headers={"Content-Type": "application/json"}) as resp:
+        async with http.post(
+            f"{keyless_url}/v1/completions",
+            data=payload,
+            headers={"Content-Type": "application/json"},
+        ) as resp:
             assert resp.status == 200, await resp.text()

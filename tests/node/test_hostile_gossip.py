@@ -204,7 +204,8 @@ async def test_an_identity_flood_cannot_keep_a_real_newcomer_out(nodes: Nodes) -
         )
         assert len(seed.admission.per_sender) <= 2
         assert max(seed.admission.per_sender.values(), default=0) <= (
-            seed.admission.limits.max_pending_per_sender)
+            seed.admission.limits.max_pending_per_sender
+        )
     finally:
         attack.cancel()
         with contextlib.suppress(asyncio.CancelledError):
