@@ -55,9 +55,9 @@ def add_cors(app: web.Application, origins: Sequence[str]) -> None:
                 and request.content_type != "application/json"):  # fmt: skip
             # a browser's "simple" cross-origin POST (text/plain, a form) skips the preflight:
             # refused, so a page cannot run generations on a keyless (--no_auth) API
-            error = BadRequest("a POST from a browser must send 'Content-Type: application/json' "
-                               f"(got {request.content_type!r})")  # fmt: skip
-            return json_response(drift_error_body(error), 415)
+            refused = BadRequest("a POST from a browser must send 'Content-Type: "
+                                 f"application/json' (got {request.content_type!r})")  # fmt: skip
+            return json_response(drift_error_body(refused), 415)
         if request.method != "OPTIONS" or "Access-Control-Request-Method" not in request.headers:
             return await handler(request)
         origin = request.headers.get("Origin")

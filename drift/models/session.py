@@ -27,6 +27,8 @@ class SpanLayers(Protocol):
     config: Any
     device: torch.device
     dtype: torch.dtype
+    start_block: int
+    layers: Any  # the span's decoder layers, indexed from start_block
 
     @property
     def adapter(self) -> Any: ...
