@@ -60,6 +60,14 @@ def add_server_options(p: argparse.ArgumentParser, *, num_blocks_default: str = 
         default=8192,
         help="KV-cache budget in tokens per served block (default: 8192)",
     )
+    p.add_argument(
+        "--client_cache_share",
+        type=float,
+        default=0.5,
+        help="fraction (0, 1] of the KV-cache budget one client (by address) may hold in all "
+        "its sessions beyond its first; more is refused as cache_full naming this limit "
+        "(default: 0.5; 1 = no limit)",
+    )
     p.add_argument("--max_batch_size", type=int, default=8,
                    help="sequences per request or session (default: 8)")  # fmt: skip
     p.add_argument(
@@ -126,6 +134,8 @@ def server_config_from_args(args: argparse.Namespace, *, num_blocks: int | None 
     for name in ("attn_cache_tokens", "max_batch_size", "inference_max_length"):
         if getattr(args, name) < 1:
             raise BadRequest(f"--{name} must be >= 1")
+    if not 0 < args.client_cache_share <= 1:
+        raise BadRequest("--client_cache_share must be in (0, 1]")
     if args.session_timeout <= 0 or args.max_body_mb <= 0:
         raise BadRequest("--session_timeout and --max_body_mb must be > 0")
     try:
@@ -138,7 +148,8 @@ def server_config_from_args(args: argparse.Namespace, *, num_blocks: int | None 
         model=args.model, start_block=start, end_block=end,
         num_blocks=args.num_blocks if num_blocks is None else num_blocks,
         device=args.device, torch_dtype=args.torch_dtype,
-        attn_cache_tokens=args.attn_cache_tokens, max_batch_size=args.max_batch_size,
+        attn_cache_tokens=args.attn_cache_tokens, client_cache_share=args.client_cache_share,
+        max_batch_size=args.max_batch_size,
         inference_max_length=args.inference_max_length, session_timeout_s=args.session_timeout,
         max_body_bytes=int(args.max_body_mb * (1 << 20)), throughput=args.throughput,
         cache_dir=cache_dir or resolve_cache_dir(args.cache_dir), quant_type=args.quant_type,

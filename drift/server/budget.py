@@ -1,8 +1,8 @@
 """The KV-cache budget: block-tokens reserved by open sessions, never more than the total.
 
 Only bookkeeping (no torch): `reserve` raises CacheFull instead of letting a session in
-that would exhaust memory; `release` gives the room back. Not thread-safe by design: it is
-touched only from the event loop.
+that would exhaust memory; `release` gives the room back; `check_share` refuses a client more than its fair share.
+Not thread-safe by design: it is touched only from the event loop.
 """
 
 from __future__ import annotations
@@ -36,6 +36,21 @@ class CacheBudget:
             )
         self.used += block_tokens
         return block_tokens
+
+    def check_share(self, client: str, held: int, more: int, *, share: float, others: int) -> None:
+        """CacheFull (retryable, naming the limit) if `client`, holding `held` block-tokens in
+        `others` other sessions, may not reserve `more`: beyond its first session a client
+        holds at most `share` of the budget, so no one client can take all of it."""
+        limit = int(share * self.total)
+        if others and held + more > limit:
+            raise CacheFull(
+                f"client {client} holds {held} block-tokens of KV cache in {others} session(s); "
+                f"{more} more would pass its share of {limit} of {self.total} "
+                f"(client_cache_share={share:g}); close a session or retry later",
+                needed=more,
+                left=max(0, limit - held),
+                limit="client_cache_share",
+            )
 
     def release(self, block_tokens: int) -> None:
         assert 0 <= block_tokens <= self.used, "released more cache than was reserved"

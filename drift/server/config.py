@@ -28,6 +28,10 @@ class ServerConfig:
     # max_length x batch_size tokens in each block of its (sub-)span, i.e.
     # max_length x batch_size x n_blocks block-tokens of attn_cache_tokens x span blocks.
     attn_cache_tokens: int = 8192
+    # fraction (0, 1] of the KV-cache budget (block-tokens) one client (by its address) may
+    # hold in all its sessions beyond its first; 1: no limit. The first session of a client
+    # is bounded only by the budget and inference_max_length.
+    client_cache_share: float = 0.5
     max_batch_size: int = 8  # sequences per request or session
     inference_max_length: int = 2048  # tokens: largest max_length a session may open
     session_timeout_s: float = 300.0  # seconds: an idle session is closed and its cache freed

@@ -171,7 +171,7 @@ async def _inference(request: web.Request) -> web.WebSocketResponse:
     ws = web.WebSocketResponse(max_msg_size=server.config.max_body_bytes)
     await ws.prepare(request)
     server.sockets.add(ws)
-    state = _SocketState(bound=AUTH_PROOF.get() is not None)
+    state = _SocketState(bound=AUTH_PROOF.get() is not None, client=request.remote or "")
     try:
         while not ws.closed:
             # a reaped session's next step still hears `unknown_session` before the socket goes
@@ -205,6 +205,7 @@ def _pushed_lately(server: BlockServer, session_id: str | None, within_s: float)
 @dataclass
 class _SocketState:
     bound: bool  # the handshake proved the swarm key: it opens one session, not a stream
+    client: str  # who opened the socket (its address): its share of the KV budget is bounded
     session_id: str | None = None
     opened: int = 0  # sessions opened on this socket
 
@@ -221,7 +222,7 @@ async def _on_text(server: BlockServer, ws: web.WebSocketResponse, state: _Socke
             if state.bound and state.opened:
                 raise BadRequest("this socket's handshake was proven for one session; "
                                  "open a new socket for the next one")  # fmt: skip
-            session, opened = await server.sessions.open(req)
+            session, opened = await server.sessions.open(req, state.client)
             state.session_id, state.opened = session.session_id, state.opened + 1
             server.push.attach(session.session_id, ws)
             await _send(ws, opened.to_wire())

@@ -25,6 +25,7 @@ class SpanRuntime:
         budget = CacheBudget(config.attn_cache_tokens, backend.n_blocks)
         sessions = SessionManager(backend, budget, max_length=config.inference_max_length,
                                   timeout_s=config.session_timeout_s,
+                                  client_share=config.client_cache_share,
                                   batch_wait_s=config.batch_wait_ms / 1e3)  # fmt: skip
         return cls(backend, budget, sessions)
 

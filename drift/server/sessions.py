@@ -39,6 +39,7 @@ class Session:
     limits: StepLimits  # what every step is validated against at the wire edge
     cache: Any  # drift.models.SpanSession, touched only on the compute thread
     reserved: int  # block-tokens held in the budget
+    client: str = ""  # who opened it (its address): its share of the budget is bounded
     last_used: float = field(default_factory=time.monotonic)
     busy: bool = False  # a step is running: never reaped mid-step
     lora: dict[str, torch.Tensor] = field(default_factory=dict)  # LoRA weights sent by a step
@@ -53,17 +54,19 @@ class SessionManager:
         max_length: int,
         timeout_s: float,
         batch_wait_s: float = 0.0,
+        client_share: float = 1.0,
     ) -> None:
         self.backend = backend
         self.budget = budget
         self.max_length = max_length  # tokens: the largest max_length a session may ask for
         self.timeout_s = timeout_s  # seconds of idleness before a session is closed
+        self.client_share = client_share  # fraction of the budget one client may hold
         self.sessions: dict[str, Session] = {}
         self.refusing: str | None = None  # why new sessions are refused (a span move), or None
         # plain steps of concurrent sessions, batched
         self.batcher = StepBatcher(backend, wait_s=batch_wait_s)
 
-    async def open(self, req: OpenSession) -> tuple[Session, SessionOpened]:
+    async def open(self, req: OpenSession, client: str = "") -> tuple[Session, SessionOpened]:
         if self.refusing is not None:
             raise Busy(self.refusing)
         self.backend.check(req.model, req.start_block, req.end_block, req.batch_size)
@@ -75,7 +78,9 @@ class SessionManager:
                 f"max_length {req.max_length} exceeds this server's limit of {self.max_length}"
             )
         n_blocks = req.end_block - req.start_block
-        reserved = self.budget.reserve(req.max_length * req.batch_size * n_blocks)
+        need = req.max_length * req.batch_size * n_blocks
+        self._check_share(client, need, None)
+        reserved = self.budget.reserve(need)
         try:
             cache = await self.backend.run(self._new_cache, req)
         except BaseException:
@@ -84,7 +89,7 @@ class SessionManager:
         limits = StepLimits(self.backend.hidden_size, req.batch_size, req.max_length,
                             n_blocks, ACTIVATION_DTYPES[req.dtype],
                             self.backend.extra_spec(req.start_block, req.end_block))  # fmt: skip
-        session = Session(secrets.token_hex(8), req, limits, cache, reserved)
+        session = Session(secrets.token_hex(8), req, limits, cache, reserved, client=client)
         self.sessions[session.session_id] = session
         log.debug("opened session %s: %s", session.session_id, req)
         return session, SessionOpened(session.session_id, req.max_length)
@@ -101,12 +106,23 @@ class SessionManager:
                                      f"of {self.max_length}")  # fmt: skip
             n_blocks = req.end_block - req.start_block
             more = (max_length - req.max_length) * req.batch_size * n_blocks
+            self._check_share(session.client, more, session)
             session.reserved += self.budget.reserve(more)
             session.request = dataclasses.replace(req, max_length=max_length)
             session.limits = dataclasses.replace(session.limits, max_length=max_length)
             session.cache.grow(max_length)  # a number: safe beside a step on the compute thread
             log.debug("session %s extended to %d tokens", session_id, max_length)
         return SessionExtended(session_id, session.request.max_length)
+
+    def _check_share(self, client: str, more: int, growing: Session | None) -> None:
+        """The client's share of the budget (drift.server.budget.check_share): what its
+        sessions hold, `growing` (a session it extends) counted as held, not as another."""
+        if self.client_share >= 1:
+            return
+        mine = [s for s in self.sessions.values() if s.client == client]
+        others = sum(1 for s in mine if s is not growing)
+        self.budget.check_share(client, sum(s.reserved for s in mine), more,
+                                share=self.client_share, others=others)  # fmt: skip
 
     def _new_cache(self, req: OpenSession) -> Any:
         return self.backend.span.new_session(

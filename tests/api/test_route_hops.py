@@ -46,7 +46,9 @@ async def test_held_session_does_not_split_the_chain(
     need = len(_ids(local_model, MESSAGES)) + MAX_TOKENS + HEADROOM  # tokens per session
     assert len(_ids(local_model, other)) + MAX_TOKENS + HEADROOM == need
     room = 2 * need + need // 2  # after one held session: 1.5 sessions' worth per block
-    swarm = await swarms.start(model_dir, [(0, 2), (2, 4)], attn_cache_tokens=room)
+    # the api is one client holding 2 of 2.5 sessions' room here: past the default share
+    swarm = await swarms.start(model_dir, [(0, 2), (2, 4)], attn_cache_tokens=room,
+                               client_cache_share=1.0)  # fmt: skip
     model = await sdk_models.open(model_dir, swarm.token)
     pool = SessionPool(model, max_sessions=4)
     engine = swarm_engine(model, local_model[1], model_id=MODEL_ID, pool=pool)

@@ -70,7 +70,9 @@ async def _eventually_free(server, tries: int = 100) -> bool:
 
 
 async def test_refusals_are_named_and_change_nothing(servers, tiny_llama):
-    a = await servers(tiny_llama, 0, 2, inference_max_length=32, attn_cache_tokens=40)
+    # one client here fills the budget on purpose (its share is tests/server/test_kv_share.py's)
+    a = await servers(tiny_llama, 0, 2, inference_max_length=32, attn_cache_tokens=40,
+                      client_cache_share=1.0)  # fmt: skip
     fp = a.server.backend.fingerprint
     async with aiohttp.ClientSession() as http:
         ws = await http.ws_connect(f"{a.url}/inference")
