@@ -87,12 +87,13 @@ class SwarmView:
         self.latency.update(peer_id, seconds)
 
     def servers(self, model_fingerprint: str, *, banned_too: bool = False) -> list[ServerInfo]:
-        """Live, verified servers of this model (not banned ones, unless `banned_too`), with
-        measured round trips."""
+        """Live, verified servers of this model (not banned or degraded ones, whose compute
+        stalls, unless `banned_too`), with measured round trips."""
         banned = set() if banned_too else self.bans.banned()
         records = records_for_model(self.table.live(time.time()), model_fingerprint)
         return [ServerInfo.from_record(r, self.rtt_s.get(r.peer_id)) for r in records
-                if r.peer_id not in banned and r.model_fingerprint == model_fingerprint
+                if r.peer_id not in banned and (banned_too or not r.degraded)
+                and r.model_fingerprint == model_fingerprint
                 and r.addrs]  # fmt: skip
 
     def ban_wait(self, model_fingerprint: str, start: int, end: int) -> float | None:

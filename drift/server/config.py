@@ -32,6 +32,9 @@ class ServerConfig:
     # hold in all its sessions beyond its first; 1: no limit. The first session of a client
     # is bounded only by the budget and inference_max_length.
     client_cache_share: float = 0.5
+    # seconds work queued for the compute thread may wait before the server announces itself
+    # degraded (routing avoids it) until its compute advances again
+    watchdog_s: float = 30.0
     max_batch_size: int = 8  # sequences per request or session
     inference_max_length: int = 2048  # tokens: largest max_length a session may open
     session_timeout_s: float = 300.0  # seconds: an idle session is closed and its cache freed

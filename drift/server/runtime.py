@@ -12,6 +12,7 @@ from drift.server.backend import SpanBackend
 from drift.server.budget import CacheBudget
 from drift.server.config import ServerConfig
 from drift.server.sessions import SessionManager
+from drift.server.watchdog import ComputeWatchdog
 
 
 @dataclass
@@ -19,6 +20,7 @@ class SpanRuntime:
     backend: SpanBackend
     budget: CacheBudget
     sessions: SessionManager
+    watchdog: ComputeWatchdog  # whether this span's compute thread still advances
 
     @classmethod
     def build(cls, backend: SpanBackend, config: ServerConfig) -> SpanRuntime:
@@ -27,7 +29,7 @@ class SpanRuntime:
                                   timeout_s=config.session_timeout_s,
                                   client_share=config.client_cache_share,
                                   batch_wait_s=config.batch_wait_ms / 1e3)  # fmt: skip
-        return cls(backend, budget, sessions)
+        return cls(backend, budget, sessions, ComputeWatchdog(backend.executor, config.watchdog_s))
 
     def close(self) -> None:
         """Close every session and stop the compute thread (queued work is dropped)."""

@@ -124,12 +124,13 @@ class BlockServer:
         while True:
             self.sessions.reap()
             load = self.metrics.load()  # steps/s and tokens/s, charted by the dashboard
+            stalled = self.runtime.watchdog.check()  # > 0: degraded, routing avoids it
             now = (self.budget.tokens_left, len(self.sessions.sessions), self.sessions.held(),
-                   *load.values())  # fmt: skip
+                   stalled, *load.values())  # fmt: skip
             if self.announce is not None and now != last:
                 try:
                     self.announce(cache_tokens_left=now[0], active_sessions=now[1],
-                                  held_sessions=now[2], **load)  # fmt: skip
+                                  held_sessions=now[2], degraded_s=stalled, **load)  # fmt: skip
                 except Exception:  # announcing must never stop the reaper
                     log.exception("announce failed")
                 last = now

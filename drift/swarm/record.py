@@ -58,6 +58,9 @@ OPTIONAL_FIELDS: dict[str, str] = {
     "tokens_per_s": "tokens (batch x length) per second through its span, same window",
     "block_tokens_per_s": "tokens x the blocks each ran through, per second, same window",
     "held_sessions": "of active_sessions, those no step used for a while (held prefixes, idle chats)",
+    # > 0: the server's compute has not advanced for this long with work queued (its
+    # watchdog); such a server serves no block for routing until it is 0 again
+    "degraded_s": "seconds its compute has been stalled with work queued (0: healthy)",
 }
 
 
@@ -117,9 +120,15 @@ class PeerRecord:
         value = dict(self.extra).get(name)
         return float(value) if isinstance(value, _NUM) and not isinstance(value, bool) else None
 
+    @property
+    def degraded(self) -> bool:
+        """Its watchdog says its compute stalls (`degraded_s` > 0; older peers never say)."""
+        return (self.optional("degraded_s") or 0.0) > 0
+
     def serves(self, block: int) -> bool:
         return (
             self.state == "online"
+            and not self.degraded
             and self.start_block is not None
             and self.end_block is not None
             and self.start_block <= block < self.end_block
