@@ -68,6 +68,13 @@ def add_server_options(p: argparse.ArgumentParser, *, num_blocks_default: str = 
         "its sessions beyond its first; more is refused as cache_full naming this limit "
         "(default: 0.5; 1 = no limit)",
     )
+    p.add_argument(
+        "--watchdog_s",
+        type=float,
+        default=30.0,
+        help="seconds queued work may wait for the compute thread before this server "
+        "announces itself degraded (routing avoids it) until its compute advances (default: 30)",
+    )
     p.add_argument("--max_batch_size", type=int, default=8,
                    help="sequences per request or session (default: 8)")  # fmt: skip
     p.add_argument(
@@ -136,6 +143,8 @@ def server_config_from_args(args: argparse.Namespace, *, num_blocks: int | None 
             raise BadRequest(f"--{name} must be >= 1")
     if not 0 < args.client_cache_share <= 1:
         raise BadRequest("--client_cache_share must be in (0, 1]")
+    if args.watchdog_s <= 0:
+        raise BadRequest("--watchdog_s must be > 0")
     if args.session_timeout <= 0 or args.max_body_mb <= 0:
         raise BadRequest("--session_timeout and --max_body_mb must be > 0")
     try:
@@ -149,6 +158,7 @@ def server_config_from_args(args: argparse.Namespace, *, num_blocks: int | None 
         num_blocks=args.num_blocks if num_blocks is None else num_blocks,
         device=args.device, torch_dtype=args.torch_dtype,
         attn_cache_tokens=args.attn_cache_tokens, client_cache_share=args.client_cache_share,
+        watchdog_s=args.watchdog_s,
         max_batch_size=args.max_batch_size,
         inference_max_length=args.inference_max_length, session_timeout_s=args.session_timeout,
         max_body_bytes=int(args.max_body_mb * (1 << 20)), throughput=args.throughput,
