@@ -111,7 +111,7 @@ class BlockServer:
             max_batch_size=self.config.max_batch_size,
             inference_max_length=self.config.inference_max_length,
             max_body_bytes=self.config.max_body_bytes, state=self.state,
-            adapters=sorted(b.span.adapters),
+            adapters=sorted(b.span.adapters), decode=dict(b.decode_status),
         )  # fmt: skip
 
     def record_fields(self) -> dict[str, Any]:
