@@ -28,6 +28,7 @@ from drift.wire.errors import DriftError, LengthExceeded, PushRefused
 from drift.wire.extras import BLOCK_STATES
 from drift.wire.lora import in_span
 from drift.wire.push import NextHop
+from drift.wire.step import StepRequest
 
 
 @dataclass
@@ -228,7 +229,7 @@ class InferenceSession:
             try:
                 if i in awaited:
                     out, donated, pushed = await self._read(span, inputs, awaited[i], started)
-                    pushed = pushed or i == max(awaited)  # the last pushes nowhere
+                    pushed |= i == max(awaited)  # the last pushes nowhere
                 elif self._pushing(i, step, states):
                     awaited = await self._send_pushed(i, inputs)
                     continue
@@ -243,7 +244,7 @@ class InferenceSession:
                 await self._failover(i, exc)
                 continue  # retry the same index: now the replacement's first span
             self.pushed += i in awaited and i != min(awaited)
-            if pushed is not True:  # the chain stopped here: relay the rest of this step
+            if not pushed:  # the chain stopped here: relay the rest of this step
                 awaited = {}
             started = time.perf_counter()
             span.history.append(inputs)
@@ -279,23 +280,24 @@ class InferenceSession:
         hops = tuple(NextHop(sp.hop.addr, sp.hop.peer_id, sp.socket.session_id,
                              sp.socket.next_step_id()) for sp in later)  # fmt: skip
         first = self.spans[index].socket
-        req = m.StepRequest(first.next_step_id(), s.position, s.hidden, s.hypo_ids,
-                            s.attention_mask)  # fmt: skip
-        await first.send(req, hops)
+        req = StepRequest(first.next_step_id(), s.position, s.hidden, s.hypo_ids,
+                          s.attention_mask, next_hops=hops)  # fmt: skip
+        await first.send(req)
         return {index: req.step_id} | {index + 1 + k: h.step_id for k, h in enumerate(hops)}
 
     async def _read(self, span: SpanState, s: StepInputs, step_id: int,
-                    started: float) -> tuple[torch.Tensor, Tensors, bool | str]:  # fmt: skip
-        """A pushed step's reply from `span`, within its adaptive timeout counted from the
-        previous span's reply (the time this span's part of the chain takes)."""
+                    started: float) -> tuple[torch.Tensor, Tensors, bool]:  # fmt: skip
+        """A pushed step's reply from `span` and whether it went on, within its adaptive
+        timeout counted from the previous span's reply (the time this span's part of the
+        chain takes)."""
         key, tokens = f"{span.hop.peer_id}:step", s.hidden.shape[0] * s.hidden.shape[1]
-        reply, pushed = await span.socket.receive(
+        reply = await span.socket.receive(
             step_id, timeout_s=self.client.timeouts.timeout(key, tokens)
         )
         seconds = time.perf_counter() - started
         self.client.swarm.note_rtt(span.hop.peer_id, seconds)
         self.client.timeouts.observe(key, tokens, seconds)
-        return reply.hidden_states, dict(reply.extras), pushed
+        return reply.hidden_states, dict(reply.extras), reply.pushed
 
     def _inputs(self, step: StepInputs, hidden: torch.Tensor, hop: Hop,
                 shared: Tensors) -> StepInputs:  # fmt: skip
