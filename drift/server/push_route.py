@@ -31,7 +31,7 @@ def add_push_route(app: web.Application, server: BlockServer) -> None:
     app.router.add_get(PUSH_PATH, functools.partial(_push_socket, server))
 
     async def _close_links(app: web.Application) -> None:
-        await server.push.links.close()
+        await server.links.close()
 
     app.on_shutdown.append(_close_links)
 
@@ -73,7 +73,8 @@ async def _pushed(server: BlockServer, node: MembershipNode, link: web.WebSocket
     try:
         frame = Frame.read(data)
         session_id = frame.session_id()
-        client = server.push.sockets.get(session_id)
+        session = server.sessions.sessions.get(session_id)
+        client = None if session is None else session.socket
         if client is None:
             raise UnknownSession(f"session {session_id} has no open socket here")
     except DriftError as exc:

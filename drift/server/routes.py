@@ -187,7 +187,6 @@ async def _inference(request: web.Request) -> web.WebSocketResponse:
         server.sockets.discard(ws)
         if state.session_id is not None:
             server.sessions.close(state.session_id)
-            server.push.detach(state.session_id)
     return ws
 
 
@@ -214,9 +213,8 @@ async def _on_text(server: BlockServer, ws: web.WebSocketResponse, state: _Socke
             if state.bound and state.opened:
                 raise BadRequest("this socket's handshake was proven for one session; "
                                  "open a new socket for the next one")  # fmt: skip
-            session, opened = await server.sessions.open(req)
+            session, opened = await server.sessions.open(req, ws)
             state.session_id, state.opened = session.session_id, state.opened + 1
-            server.push.attach(session.session_id, ws)
             await _send(ws, opened.to_wire())
             return
         if kind == EXTEND:
@@ -229,7 +227,6 @@ async def _on_text(server: BlockServer, ws: web.WebSocketResponse, state: _Socke
             CloseSession.from_wire(obj)
             if state.session_id is not None:
                 server.sessions.close(state.session_id)
-                server.push.detach(state.session_id)
                 state.session_id = None
             await _send(ws, {"type": "session_closed", "version": PROTOCOL_VERSION})
             return

@@ -51,17 +51,18 @@ async def serve_step(
     started = time.perf_counter()
     try:
         # validated once, here, against the session's limits; the session and span trust it
-        limits = None if session_id is None else server.sessions.get(session_id).limits
+        session = None if session_id is None else server.sessions.get(session_id)
+        limits = None if session is None else session.limits
         req = frame.message(StepRequest, (limits and limits.dtype) or torch.float32,
                             limits=limits, hidden_size=server.backend.hidden_size)  # fmt: skip
-        if session_id is None:
+        if session is None:
             raise BadRequest("no session is open on this socket: send 'open' first")
         if req.next_hops:
             check_member(node, req.next_hops[0])
-        async with server.push.lock(session_id):
-            if not server.push.admit(session_id, req.step_id, pushed=pushed):
+        async with session.lock:
+            if not session.admit(req.step_id, pushed=pushed):
                 return
-            reply = await server.sessions.step(session_id, req)
+            reply = await server.sessions.step(session.session_id, req)
     except DriftError as exc:
         server.metrics.count("/inference:step", exc.status)
         await _send_str(ws, ErrorMessage(exc.code, exc.message, frame.step_id))
@@ -76,9 +77,7 @@ async def serve_step(
         reply = await _forward(server, node, req, reply, frame.form)
     server.metrics.count("/inference:step", 200)
     server.metrics.step_latency.observe(time.perf_counter() - started)
-    opened = server.sessions.sessions.get(session_id)
-    blocks = opened.request.end_block - opened.request.start_block if opened is not None else 0
-    server.metrics.processed(tokens_of(req.hidden_states), blocks, step=True)
+    server.metrics.processed(tokens_of(req.hidden_states), session.n_blocks, step=True)
     with contextlib.suppress(ConnectionError, RuntimeError):  # the client may be gone
         await ws.send_bytes(encode(reply, frame.form))
 
@@ -89,7 +88,7 @@ async def _forward(server: BlockServer, node: MembershipNode, req: StepRequest,
     saying how it went."""
     hop = req.next_hops[0]
     try:
-        await server.push.links.send(node, hop, encode(req.onward(reply.hidden_states), wire))
+        await server.links.send(node, hop, encode(req.onward(reply.hidden_states), wire))
     except Exception as exc:  # noqa: BLE001 -- any failure: the client relays instead
         log.info("push failed: %s", forward_error(hop, exc))
         return dataclasses.replace(reply, push_error=forward_error(hop, exc))
