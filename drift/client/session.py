@@ -40,9 +40,26 @@ class InferenceSession:
         self.max_length, self.batch_size = max_length, batch_size
         self.dtype = dtype  # what steps travel in (the servers check it)
         self.dtype_name = str(dtype).removeprefix("torch.")
-        self.position = 0
+        self._position = 0  # tokens the servers hold (the next step starts here)
         self.chain = Chain(client, self, start_block, end_block, self.lora)
         self.closed = False
+
+    @property
+    def position(self) -> int:
+        """Where the next step starts: tokens the spans' caches hold."""
+        return self._position
+
+    @position.setter
+    def position(self, position: int) -> None:
+        self.rollback(position)
+
+    def rollback(self, position: int) -> None:
+        """The next step starts at `position` (at most the current one): the servers then
+        overwrite their caches from there (a step below the cache length rolls back)."""
+        if not 0 <= position <= self._position:
+            raise LengthExceeded(f"cannot roll back to position {position}: the session holds "
+                                 f"{self._position} tokens")  # fmt: skip
+        self._position = position
 
     @property
     def spans(self) -> list[SpanState]:
@@ -113,7 +130,7 @@ class InferenceSession:
         step = StepInputs(hidden.to("cpu", self.dtype), position, to_cpu(hypo_ids), to_cpu(mask),
                           to_cpu(prompts), to_cpu(per_layer))  # fmt: skip
         out, block_states = self.client.run(self._step(step, states))
-        self.position = position + tokens
+        self._position = position + tokens
         back = None if block_states is None else block_states.to(hidden.device, hidden.dtype)
         return out.to(hidden.device, hidden.dtype), back
 
