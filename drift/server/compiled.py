@@ -2,8 +2,8 @@
 
 `--compile on` runs plain decode steps (one token per row) through the lean step with its dense
 parts compiled by torch.compile (inductor); `auto` (the default) compiles on accelerators only
-and runs the lean step uncompiled on a CPU (measured there: compiling buys ~nothing for ~40 s;
-scripts/bench_kernels.py); `off` keeps the eager transformers path. A span the lean step does
+and runs the lean step uncompiled on a CPU (measured there: compiling buys ~nothing for ~40 s,
+and bf16 spans ran slower lean, so they stay eager; scripts/bench_kernels.py); `off` keeps the eager transformers path. A span the lean step does
 not cover runs eagerly whatever the setting. Compiling happens in `warm_up` (at start-up, on the
 compute thread, logged, shown in /blocks), never inside a user's first step.
 """
@@ -79,6 +79,10 @@ class DecodeUnit:
         if why is not None:
             log.info("decode steps run eagerly: the lean step does not cover %s", why)
             return None, DecodeStatus("eager", f"not covered: {why}")
+        if setting == "auto" and span.device.type == "cpu" and span.dtype != torch.float32:
+            # measured (scripts/bench_kernels.py, SmolLM2 bf16 0:15): the lean step ran 0.65x
+            # of eager there, so a CPU keeps half-precision spans eager unless asked
+            return None, DecodeStatus("eager", "--compile auto: half precision on a CPU")
         if setting == "on" and span.device.type == "cpu" and not compiler_found():
             raise ValueError("--compile on needs a C++ compiler on a CPU (inductor); none found")
         compiled = setting == "on" or span.device.type != "cpu"

@@ -147,6 +147,8 @@ def test_bfloat16_lean_steps_within_bf16_tolerance(tiny_dirs) -> None:
             got = head.logits(hidden)
             assert got.dtype == torch.bfloat16
             torch.testing.assert_close(got.float(), ref.float(), atol=3e-2, rtol=2e-2)
+    unit, status = DecodeUnit.build(span, "auto")  # measured slower lean on a CPU: eager
+    assert unit is None and status.mode == "eager" and "half precision" in status.reason
 
 
 @pytest.mark.slow
