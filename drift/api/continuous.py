@@ -3,10 +3,13 @@
 `ContinuousBatcher` runs one loop thread over a swarm engine. A request joins at the next
 step (its prompt goes through the swarm while the others decode their next token); one
 that ends (EOS, its token budget, cancelled) leaves that step and its sessions are closed
-at once. Each row keeps its own one-row sessions: the rows' steps are sent in parallel and
-the servers' batcher (drift.server.batcher) runs them as one forward; the client then
-computes the head once for all rows. Sampling, penalties, grammars, log-probs and LoRA
-adapters stay per row (drift.api.sampling). At most `max_batch` rows run; others wait.
+at once. Requests that join at the same step (of one LoRA adapter) share one batched set
+of sessions (a group, left-padded); a lone joiner gets one-row sessions (which may continue
+a held session sharing its prefix, drift.api.prefix). The groups' steps are sent in
+parallel, the servers' batcher (drift.server.batcher) runs them as one forward, and the
+head runs once for all rows. A group's sessions close when its last row ends (its ended
+rows are stepped on, unseen, until then). Sampling, penalties, grammars, log-probs and
+adapters stay per row (drift.api.sampling). At most `max_batch` rows hold sessions.
 """
 
 from __future__ import annotations
@@ -25,26 +28,39 @@ from drift.api.engine import BatchRow, CausalLMEngine, OpenedSessions
 from drift.api.sampling import LogprobRecorder
 
 
-@dataclass
+@dataclass(eq=False)
 class _Row:
-    """A running request: its sessions, the tokens so far and those to send next."""
+    """A request: its processors and the tokens so far (prompt + generated)."""
 
     req: BatchRow
     processors: LogitsProcessorList
     recorder: LogprobRecorder | None
-    ids: list[int]  # prompt + generated
+    ids: list[int]
+    count: int = 0  # tokens generated
+    done: bool = False  # ended (on_done called); its group may still step it
+
+
+@dataclass(eq=False)
+class _Group:
+    """Rows that joined at one step: one batched set of sessions."""
+
+    rows: list[_Row]
     stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     opened: OpenedSessions | None = None
-    pending: list[int] = field(default_factory=list)  # tokens the session has not seen
-    count: int = 0  # tokens generated
+    mask: torch.Tensor | None = None  # [B, seen] of the session's tokens (None: all ones)
     routed: bool = False
+
+    @property
+    def live(self) -> list[_Row]:
+        return [r for r in self.rows if not r.done]
 
 
 @dataclass
 class BatcherStats:
     steps: int = 0  # loop steps run
-    row_steps: int = 0  # rows advanced, summed over steps
-    most_rows: int = 0  # the most rows that ran in one step
+    row_steps: int = 0  # live rows advanced, summed over steps
+    most_rows: int = 0  # the most live rows in one step
+    groups: int = 0  # session sets opened
 
 
 class ContinuousBatcher:
@@ -57,20 +73,21 @@ class ContinuousBatcher:
         self.max_batch = max_batch
         self.stats = BatcherStats()
         self._queue: deque[BatchRow] = deque()
-        self._rows: list[_Row] = []
+        self._groups: list[_Group] = []
         self._cv = threading.Condition()
         self._closed = False
-        self._steps = ThreadPoolExecutor(max_batch, thread_name_prefix="drift-api-row")
+        self._steps = ThreadPoolExecutor(max_batch, thread_name_prefix="drift-api-step")
         self._thread = threading.Thread(target=self._loop, name="drift-api-engine", daemon=True)
         self._thread.start()
 
     # -- outside -------------------------------------------------------------------------
-    def submit(self, req: BatchRow) -> None:
-        """Queue a request; it joins the running rows at the next step (`on_done` ends it)."""
+    def submit(self, *reqs: BatchRow) -> None:
+        """Queue requests; they join the running rows at the next step (together: one group,
+        room allowing); each one's `on_done` ends it."""
         with self._cv:
             if self._closed:
                 raise RuntimeError("the engine loop is closed")
-            self._queue.append(req)
+            self._queue.extend(reqs)
             self._cv.notify()
 
     @property
@@ -79,7 +96,8 @@ class ContinuousBatcher:
 
     @property
     def running(self) -> int:
-        return len(self._rows)
+        """Rows holding sessions (an ended row of a running group included)."""
+        return sum(len(g.rows) for g in self._groups)
 
     def close(self) -> None:
         """Stop the loop; rows still running or waiting end with an error."""
@@ -93,99 +111,140 @@ class ContinuousBatcher:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._closed and not self._queue and not self._rows:
+                while not self._closed and not self._queue and not self._groups:
                     self._cv.wait()
                 if self._closed:
                     break
-                room = self.max_batch - len(self._rows)
+                room = self.max_batch - self.running
                 joining = [self._queue.popleft() for _ in range(min(room, len(self._queue)))]
-            for req in joining:
-                self._rows.append(self._new_row(req))
+            self._join(joining)
             self._step()
         gone = RuntimeError("the API is shutting down")
-        for row in self._rows:
-            self._end(row, gone)
+        for group in list(self._groups):
+            self._fail(group, gone)
         for req in self._queue:
             req.on_done(gone)
-        self._rows, self._queue = [], deque()
+        self._queue.clear()
 
-    def _new_row(self, req: BatchRow) -> _Row:
-        procs, recorder = self.engine.processors(len(req.prompt_ids), req.params,
+    def _join(self, reqs: list[BatchRow]) -> None:
+        """New rows, one group per LoRA adapter (their sessions open at their first step)."""
+        by_adapter: dict[str | None, list[_Row]] = {}
+        for req in reqs:
+            procs, recorder = self.engine.processors(len(req.prompt_ids), req.params,
                                                      req.generator)  # fmt: skip
-        return _Row(req, procs, recorder, list(req.prompt_ids))
+            row = _Row(req, procs, recorder, list(req.prompt_ids))
+            by_adapter.setdefault(req.params.adapter, []).append(row)
+        self._groups.extend(_Group(rows) for rows in by_adapter.values())
 
     def _step(self) -> None:
-        """Advance every running row by one token (a joining row: its whole prompt)."""
-        for row in [r for r in self._rows if r.req.cancel.is_set()]:
-            self._end(row)  # cancelled before its next step: freed now
-        rows = list(self._rows)
-        if not rows:
+        """Advance every running row by one token (a joining group: its whole prompts)."""
+        for group in list(self._groups):
+            for row in group.live:
+                if row.req.cancel.is_set():
+                    self._end(group, row)  # cancelled before its next step: freed now
+        groups = list(self._groups)
+        if not groups:
             return
-        results = list(self._steps.map(self._advance, rows))
-        stepped = [(row, h) for row, h in zip(rows, results, strict=True)
-                   if isinstance(h, torch.Tensor)]  # fmt: skip
-        for row, h in zip(rows, results, strict=True):
-            if not isinstance(h, torch.Tensor):
-                self._end(row, h)
+        results = list(self._steps.map(self._advance, groups))
+        stepped: list[tuple[_Group, _Row, torch.Tensor]] = []
+        for group, hidden in zip(groups, results, strict=True):
+            if isinstance(hidden, BaseException):
+                self._fail(group, hidden)
+                continue
+            self._route(group)
+            stepped += [(group, row, hidden[i : i + 1]) for i, row in enumerate(group.rows)
+                        if not row.done]  # fmt: skip
         if not stepped:
             return
         with torch.inference_mode():  # one head for all rows: [B, H] -> [B, V]
-            logits = self.engine.project(torch.cat([h for _, h in stepped])).float()
+            logits = self.engine.project(torch.cat([h for _, _, h in stepped])).float()
         self.stats.steps += 1
         self.stats.row_steps += len(stepped)
         self.stats.most_rows = max(self.stats.most_rows, len(stepped))
-        for i, (row, _) in enumerate(stepped):
+        for i, (group, row, _) in enumerate(stepped):
             try:
-                self._choose(row, logits[i : i + 1])
+                self._choose(group, row, logits[i : i + 1])
             except Exception as exc:  # a processor's failure ends only its row
-                self._end(row, exc)
+                self._end(group, row, exc)
 
-    def _advance(self, row: _Row) -> torch.Tensor | BaseException:
-        """(On a step thread) open the row's sessions if new, send its pending tokens: the
-        final normed state of its last position [1, H], or what failed."""
+    def _advance(self, group: _Group) -> torch.Tensor | BaseException:
+        """(On a step thread) open the group's sessions if new and send its next tokens: the
+        final normed states of the rows' last positions [B, H], or what failed."""
         try:
             with torch.inference_mode():
-                if row.opened is None:
-                    req = row.req
-                    row.opened = row.stack.enter_context(self.engine.open_row(req.prompt_ids,
-                                                                              req.params))  # fmt: skip
-                    row.pending = row.ids[self.engine.held_tokens(row.opened) :]
-                hidden = self.engine.row_step(row.opened, row.pending)
-            row.pending = []
-            return hidden
+                if group.opened is None:
+                    ids, group.mask = self._first(group)
+                else:
+                    last = [r.ids[-1] if not r.done else self.engine.pad_token_id
+                            for r in group.rows]  # fmt: skip
+                    ids = torch.tensor([last], dtype=torch.long).T  # [B, 1]
+                    if group.mask is not None:
+                        group.mask = torch.cat([group.mask, group.mask.new_ones(len(last), 1)], 1)
+                assert group.opened is not None
+                return self.engine.row_step(group.opened, ids, group.mask)
         except Exception as exc:
             return exc
 
-    def _choose(self, row: _Row, scores: torch.Tensor) -> None:
+    def _first(self, group: _Group) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Open the group's sessions: its first step's ids [B, T] and mask (None: no pads)."""
+        prompts = [r.req.prompt_ids for r in group.rows]
+        group.opened = group.stack.enter_context(
+            self.engine.open_group(prompts, [r.req.params for r in group.rows]))  # fmt: skip
+        self.stats.groups += 1
+        if len(prompts) == 1:  # one row: maybe a held session's prefix is there already
+            held = self.engine.held_tokens(group.opened)
+            return torch.tensor([list(prompts[0])[held:]], dtype=torch.long), None
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.engine.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
+            mask[i, width - len(p) :] = 1
+        return ids, mask
+
+    def _route(self, group: _Group) -> None:
+        """Tell the group's rows which servers ran them (once, after the first step)."""
+        if not group.routed and group.opened is not None:
+            group.routed = True
+            route = group.opened.route()
+            for row in group.rows:
+                if row.req.on_route is not None:
+                    row.req.on_route(route)
+
+    def _choose(self, group: _Group, row: _Row, scores: torch.Tensor) -> None:
         """The row's processors pick its next token from its logits [1, V] (as generate()
         does: processors, then argmax); report it; end the row if it is done."""
         req = row.req
-        if not row.routed and row.opened is not None:
-            row.routed = True
-            if req.on_route is not None:
-                req.on_route(row.opened.route())
         input_ids = cast(torch.LongTensor, torch.tensor([row.ids], dtype=torch.long))
         token = int(row.processors(input_ids, scores).argmax(dim=-1)[0])
         req.on_token(self.engine.event(token, row.recorder, req.params.top_logprobs))
         row.count += 1
         row.ids.append(token)
-        row.pending = [token]
         eos = token in self.engine.eos_token_ids
         if eos or row.count >= req.params.max_new_tokens or req.cancel.is_set():
-            self._end(row)
+            self._end(group, row)
 
-    def _end(self, row: _Row, exc: BaseException | None = None) -> None:
-        """The row leaves now: its sessions closed (kept for a next turn when clean)."""
-        if row in self._rows:
-            self._rows.remove(row)
-        try:
-            if exc is None:
-                row.stack.close()
-            else:
-                row.stack.__exit__(type(exc), exc, exc.__traceback__)
-        except Exception as close_exc:  # closing failed: the row still ends
-            exc = exc or close_exc
+    def _end(self, group: _Group, row: _Row, exc: BaseException | None = None) -> None:
+        """The row ends now; its group's sessions close with its last row (kept for a next
+        turn when clean, drift.api.prefix)."""
+        row.done = True
+        if not group.live:
+            self._groups.remove(group)
+            try:
+                group.stack.close()
+            except Exception as close_exc:  # closing failed: the row still ends
+                exc = exc or close_exc
         if exc is None:
             row.req.on_done()
         else:
+            row.req.on_done(exc)
+
+    def _fail(self, group: _Group, exc: BaseException) -> None:
+        """The group's step failed: its open rows end with `exc`, its sessions close."""
+        if group in self._groups:
+            self._groups.remove(group)
+        with contextlib.suppress(Exception):
+            group.stack.__exit__(type(exc), exc, exc.__traceback__)
+        for row in group.live:
+            row.done = True
             row.req.on_done(exc)

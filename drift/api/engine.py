@@ -232,24 +232,28 @@ class CausalLMEngine:
         stop.finish_all()
 
     # -- one row at a time (drift.api.continuous runs the rows together) ----------------
-    def open_row(self, prompt_ids: Sequence[int],
-                 params: GenerationParams) -> AbstractContextManager[OpenedSessions]:  # fmt: skip
-        """One request's own one-row sessions (maybe a held session sharing its prefix)."""
-        return self._open(len(prompt_ids) + params.max_new_tokens, 1, params.adapter,
-                          prompt_ids)  # fmt: skip
+    def open_group(self, prompts: Sequence[Sequence[int]], params: Sequence[GenerationParams],
+                   ) -> AbstractContextManager[OpenedSessions]:  # fmt: skip
+        """Sessions for requests (of one adapter) run as one left-padded batch; a lone one's
+        may continue a held session sharing its prefix."""
+        width = max(len(p) for p in prompts)
+        lone = list(prompts[0]) if len(prompts) == 1 else None
+        return self._open(width + max(p.max_new_tokens for p in params), len(prompts),
+                          params[0].adapter, lone)  # fmt: skip
 
     def held_tokens(self, opened: OpenedSessions) -> int:
         """Tokens the row's sessions already hold (a continued session's shared prefix)."""
         session = opened.generate_kwargs.get("session")
         return 0 if session is None else int(session.position)
 
-    def row_step(self, opened: OpenedSessions, new_ids: Sequence[int]) -> torch.Tensor:
-        """Send a row's new tokens through its sessions: the final normed state of the last
-        position [1, H] (the head is `project`'s, for all rows at once)."""
+    def row_step(self, opened: OpenedSessions, ids: torch.Tensor,
+                 mask: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+        """New tokens [B, T] through a group's sessions (`mask` [B, past + T] as generate()
+        passes it; None: no padding): the final normed states of the last position [B, H]
+        (the head is `project`'s, for all groups at once)."""
         cache = self.model.cache_for(opened.generate_kwargs["session"])
-        ids = torch.tensor([list(new_ids)], dtype=torch.long)  # [1, T]
-        out = self.model.model(ids, cache=cache, use_cache=True)
-        return out.last_hidden_state[:, -1]  # [1, H]
+        out = self.model.model(ids, attention_mask=mask, cache=cache, use_cache=True)
+        return out.last_hidden_state[:, -1]  # [B, H]
 
     def project(self, normed: torch.Tensor) -> torch.Tensor:
         """Final normed states [B, H] -> logits [B, V] (one head computation)."""
