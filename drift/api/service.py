@@ -47,7 +47,7 @@ class ServiceConfig:
     max_concurrent: int = 4  # requests generating at once (each holds its own sessions)
     queue_size: int = 32  # requests allowed to wait for a slot; more get HTTP 429
     default_max_tokens: int = 512  # new tokens per choice when a request names none
-    max_batch: int = 1  # choices generated together as one batch (1 = no batching)
+    max_batch: int = 1  # rows of the engine loop (over a swarm) or of a batch (1 = off)
     batch_wait_s: float = 0.01  # how long a lone choice waits for others to batch with
 
 

@@ -26,9 +26,10 @@ PROMPTS = ["Once upon a time", "The cat sat", "Hello there, friend", "Why is the
            "One two three", "A tiny model"]  # fmt: skip
 
 
-async def _api(swarms, sdk_models, web_apps, model_dir, local_model, max_batch: int) -> tuple:
-    """(swarm, openai client, the service's engine loop) of a `drift api` over 2 servers."""
-    swarm = await swarms.start(model_dir, [(0, 2), (2, 4)])
+async def _api(swarms, sdk_models, web_apps, model_dir, local_model, max_batch: int,
+               spans=((0, 2), (2, 4))) -> tuple:  # fmt: skip
+    """(swarm, openai client, the service's engine loop) of a `drift api` over `spans`."""
+    swarm = await swarms.start(model_dir, list(spans))
     model = await sdk_models.open(model_dir, swarm.token)
     engine = swarm_engine(model, local_model[1], model_id=MODEL_ID)
     service = ServiceConfig(max_concurrent=8, queue_size=8, max_batch=max_batch)
@@ -121,6 +122,18 @@ async def test_max_batch_bounds_the_rows_and_the_rest_wait(
         got = await asyncio.gather(*(_stream(client, p, 20, temperature=0) for p in PROMPTS))
     assert list(got) == want  # none failed: the extra ones waited for a row
     assert loop.stats.most_rows == 2
+
+
+async def test_a_failed_row_is_its_own_error(
+    model_dir, local_model, swarms, sdk_models, web_apps
+) -> None:
+    _, client, loop = await _api(swarms, sdk_models, web_apps, model_dir, local_model, 8,
+                                 spans=[(0, 2)])  # fmt: skip
+    async with client:
+        with pytest.raises(openai.InternalServerError) as info:
+            await client.completions.create(model=MODEL_ID, prompt="Once", max_tokens=4)
+        assert info.value.status_code == 503 and info.value.code == "missing_blocks"
+    assert loop.running == 0 and loop.waiting == 0
 
 
 def _params(n: int) -> GenerationParams:
