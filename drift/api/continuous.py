@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import cast
@@ -248,3 +249,16 @@ class ContinuousBatcher:
         for row in group.live:
             row.done = True
             row.req.on_done(exc)
+
+
+def engine_gauges(loop: ContinuousBatcher) -> dict[str, tuple[str, Callable[[], float]]]:
+    """/metrics gauges of the engine loop (ApiMetrics.gauges): rows, waiting, steps shared."""
+    return {
+        "drift_api_engine_rows": ("Requests holding a row of the engine loop.",
+                                  lambda: loop.running),
+        "drift_api_engine_waiting": ("Requests waiting for a row (--max_batch).",
+                                     lambda: loop.waiting),
+        "drift_api_engine_steps": ("Steps the engine loop ran.", lambda: loop.stats.steps),
+        "drift_api_engine_row_steps": ("Rows advanced, summed over the steps (/ steps: rows "
+                                       "per step).", lambda: loop.stats.row_steps),
+    }  # fmt: skip

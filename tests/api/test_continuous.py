@@ -13,7 +13,7 @@ import openai
 import pytest
 import torch
 
-from drift.api.app import SERVICE, ApiConfig, build_api_app
+from drift.api.app import METRICS, SERVICE, ApiConfig, build_api_app
 from drift.api.continuous import ContinuousBatcher
 from drift.api.engine import BatchRow, GenerationParams
 from drift.api.service import ServiceConfig
@@ -36,7 +36,7 @@ async def _api(swarms, sdk_models, web_apps, model_dir, local_model, max_batch: 
     app = build_api_app(engine, ApiConfig(api_keys=(API_KEY,), service=service))
     url = await web_apps.start(app)
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
-    return swarm, client, app[SERVICE].loop
+    return swarm, client, app[SERVICE].loop, app
 
 
 async def _stream(client, prompt: str, max_tokens: int, delay: float = 0.0, **kw) -> str:
@@ -62,7 +62,7 @@ async def _sessions(swarm) -> list[int]:
 async def test_staggered_requests_share_steps_and_answer_as_alone(
     model_dir, local_model, swarms, sdk_models, web_apps
 ) -> None:
-    swarm, client, loop = await _api(swarms, sdk_models, web_apps, model_dir, local_model, 8)
+    swarm, client, loop, app = await _api(swarms, sdk_models, web_apps, model_dir, local_model, 8)
     assert loop is not None
     n = 40
     want = [_solo(local_model, p, n) for p in PROMPTS[:4]]
@@ -73,6 +73,8 @@ async def test_staggered_requests_share_steps_and_answer_as_alone(
         # rows joined the running ones: fewer steps than rows stepped, several per step
         assert loop.stats.most_rows >= 2
         assert loop.stats.steps < loop.stats.row_steps
+        shown = app[METRICS].render()
+        assert f"drift_api_engine_row_steps {loop.stats.row_steps}" in shown
         # seeded sampling and log-probs stay per row: the same with others as alone
         kw = dict(temperature=0.9, seed=7, logprobs=2)
         alone = await client.completions.create(model=MODEL_ID, prompt=PROMPTS[4], max_tokens=12,
@@ -91,7 +93,7 @@ async def test_staggered_requests_share_steps_and_answer_as_alone(
 async def test_cancelled_stream_leaves_and_frees_its_sessions(
     model_dir, local_model, swarms, sdk_models, web_apps
 ) -> None:
-    swarm, client, loop = await _api(swarms, sdk_models, web_apps, model_dir, local_model, 8)
+    swarm, client, loop, app = await _api(swarms, sdk_models, web_apps, model_dir, local_model, 8)
     want = _solo(local_model, PROMPTS[1], 30)
     async with client:
         long = await client.completions.create(model=MODEL_ID, prompt=PROMPTS[0], stream=True,
@@ -116,7 +118,7 @@ async def test_cancelled_stream_leaves_and_frees_its_sessions(
 async def test_max_batch_bounds_the_rows_and_the_rest_wait(
     model_dir, local_model, swarms, sdk_models, web_apps
 ) -> None:
-    _, client, loop = await _api(swarms, sdk_models, web_apps, model_dir, local_model, 2)
+    _, client, loop, _ = await _api(swarms, sdk_models, web_apps, model_dir, local_model, 2)
     want = [_solo(local_model, p, 20) for p in PROMPTS]
     async with client:
         got = await asyncio.gather(*(_stream(client, p, 20, temperature=0) for p in PROMPTS))
@@ -127,7 +129,7 @@ async def test_max_batch_bounds_the_rows_and_the_rest_wait(
 async def test_a_failed_row_is_its_own_error(
     model_dir, local_model, swarms, sdk_models, web_apps
 ) -> None:
-    _, client, loop = await _api(swarms, sdk_models, web_apps, model_dir, local_model, 8,
+    _, client, loop, _ = await _api(swarms, sdk_models, web_apps, model_dir, local_model, 8,
                                  spans=[(0, 2)])  # fmt: skip
     async with client:
         with pytest.raises(openai.InternalServerError) as info:
