@@ -40,9 +40,10 @@ def decode_s_per_token(model, ids: torch.Tensor, new: int) -> tuple[torch.Tensor
     t0 = time.perf_counter()
     model.generate(ids, max_new_tokens=1, do_sample=False)
     t1 = time.perf_counter()
-    out = model.generate(ids, max_new_tokens=new, do_sample=False)
+    # random weights reach EOS early: min_new_tokens keeps every run `new` steps long
+    out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)
     t2 = time.perf_counter()
-    return out, ((t2 - t1) - (t1 - t0)) / (new - 1)
+    return out, ((t2 - t1) - (t1 - t0)) / (out.shape[1] - ids.shape[1] - 1)
 
 
 def local_reference(model_dir: Path, dtype: torch.dtype, ids: torch.Tensor, new: int):
