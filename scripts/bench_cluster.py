@@ -4,6 +4,9 @@ the printed `--join` command only, against local transformers with its weights i
     PYTHONPATH=. python scripts/make_model.py llama-3.2-3b /tmp/llama3b
     sudo PYTHONPATH=. python scripts/bench_cluster.py /tmp/llama3b --memory_gib 3 --rtt_ms 0 20
 
+The first machine runs `drift up MODEL --device cpu --torch_dtype DTYPE` (on a CPU `auto` is
+float32, twice bf16's memory); the joiners run the printed `--join` command only.
+
 Prints, per RTT: each machine's span and the budget it read, coverage, whether greedy tokens
 equal local transformers, and decode seconds per token against local transformers (ratio =
 local / drift, so >1 is faster). Machines join one after another, each once the previous serves.
@@ -98,9 +101,10 @@ def main() -> None:
     p.add_argument("--rate", default="1gbit")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument(
-        "--dtype_flag",
-        action="store_true",
-        help="pass --torch_dtype to the first machine (default: the checkpoint's)",
+        "--no_dtype_flag",
+        dest="dtype_flag",
+        action="store_false",
+        help="start the first machine without --torch_dtype (on a CPU, auto is float32)",
     )
     p.add_argument("--new_tokens", type=int, default=12)
     args = p.parse_args()
