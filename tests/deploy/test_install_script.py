@@ -70,7 +70,7 @@ def test_dry_run_plan_per_device(tmp_path: Path, device: str, installer: str) ->
     assert fields["installer"] == installer
     assert fields["venv"] == str(venv)
     assert fields["source"] == str(REPO)  # installed from the checkout the script lives in
-    torch_cmd = next(c for c in commands if " torch" in c)
+    torch_cmd = next(c for c in commands if " install " in c and " torch" in c)
     if not (installer == "pip" and device == "cpu" and _pip_has_find_links()):
         assert TORCH_INDEX[device] in torch_cmd
     assert any(c.endswith(f"{REPO}[api]") for c in commands)
