@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.test_install_script import plan_of, run_install
-from tests.deploy.test_uv_lock import uv_command
+from tests.deploy.install_helpers import plan_of, run_install, uv_command
 
 if sys.version_info >= (3, 11):
     import tomllib
