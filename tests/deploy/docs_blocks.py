@@ -62,7 +62,7 @@ def parse(path: Path) -> list[Block]:
             raise ValueError(f"{where}: a run marker on a {m.group('lang')} block")
         out.append(Block(where, words[0], m.group("lang"), m.group("code"), "slow" in words,
                          "errors-ok" in words, tuple(e.strip() for e in expects)))  # fmt: skip
-    if text.count("<!-- run:") != len(out):
+    if len(re.findall(r"^<!-- run:", text, re.M)) != len(out):
         raise ValueError(f"{path}: a run marker that is not right before a fenced block")
     return out
 
@@ -105,3 +105,20 @@ def run_block(block: Block, live: Live, scratch: Path, timeout_s: float = 240) -
     if not block.errors_ok:
         assert '{"error"' not in proc.stdout.replace(" ", ""), f"an error body: {shown}"
     return proc.stdout
+
+
+def drift_commands(path: Path) -> list[tuple[str, str]]:
+    """Every `drift ...` command in a fenced block of one page: (where, command), comments,
+    redirections and the commands chained with it left out."""
+    out, inside = [], False
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
+        if raw.startswith("```"):
+            inside = not inside
+            continue
+        if not inside:
+            continue
+        for part in re.split(r"&&|\|\||;|\|", raw.split(" #")[0]):
+            part = re.split(r"\s>\s?", part.strip())[0]
+            if part.startswith("drift "):
+                out.append((f"{path.relative_to(REPO)}:{number}", part))
+    return out
