@@ -39,6 +39,7 @@ from drift.api.grammar import Grammar
 from drift.api.metrics import ApiMetrics
 from drift.api.protocol import SamplingOptions
 from drift.api.textstream import StopTextStream
+from drift.swarm.names import same_model
 from drift.wire.errors import Busy, LengthExceeded, NotFound
 
 
@@ -108,12 +109,15 @@ class GenerationService:
         return await asyncio.to_thread(self.engine.adapters)
 
     async def check_model(self, model: str) -> str | None:
-        """The LoRA adapter a request's model id names ("base:adapter"; None: the base)."""
-        if model == self.engine.model_id:
+        """The LoRA adapter a request's model id names ("base:adapter"; None: the base).
+
+        The base may be named as the server was started (alias, directory, GGUF file, Hub
+        id) or as the swarm announces it: `same_model` decides."""
+        if same_model(model, self.engine.model_id):
             return None
         base, _, adapter = model.rpartition(":")
         adapters = await self.adapters()
-        if base == self.engine.model_id and adapter in adapters:
+        if base and same_model(base, self.engine.model_id) and adapter in adapters:
             return adapter
         served = [self.engine.model_id, *(f"{self.engine.model_id}:{a}" for a in adapters)]
         raise NotFound(f"the model {model!r} does not exist; this server serves {served}",
