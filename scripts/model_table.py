@@ -1,4 +1,4 @@
-"""README's "What fits where" table: bytes per block and per model, and 16 GB machines needed.
+"""docs/cluster.md's "What fits where" table: bytes per block and per model, and 16 GB machines needed.
 
 The configs below are the architecture numbers of each model's config.json on the Hugging
 Face Hub (copied here so the table is reproducible offline). Prices come from
@@ -9,7 +9,7 @@ holds what `drift up` would put on it: 90% of 16 GiB minus 1 GiB, each block wit
 weights and a KV cache of 8192 tokens (the default --attn_cache_tokens). The client's
 embeddings and head (bfloat16) are counted in the model's total, not on the servers.
 
-    .venv/bin/python scripts/model_table.py      # prints the Markdown table README holds
+    .venv/bin/python scripts/model_table.py      # prints the Markdown table docs/cluster.md holds
 """
 
 from __future__ import annotations

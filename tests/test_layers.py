@@ -24,7 +24,7 @@ ALLOWED: dict[str, set[str]] = {
     "models": {"wire", "paths"},
     "server": {"wire", "identity", "swarm", "node", "models", "paths", "metrics"},
     "client": {"wire", "identity", "swarm", "models", "paths"},
-    "api": {"wire", "client", "models", "metrics"},
+    "api": {"wire", "swarm", "client", "models", "metrics"},
     "cli": {"wire", "identity", "swarm", "node", "models", "server", "client", "api", "paths"},
     "paths": set(),
     "metrics": set(),

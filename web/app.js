@@ -66,7 +66,7 @@ function renderNode(snapshot) {
   if (blocks) text += ` · serves ${blocks.model || ""} ${spanText(blocks)}`;
   info.textContent = text;
   const addr = own && own.addrs.length ? own.addrs[0] : location.origin;
-  state.joinText = joinCommand(snapshot.coverage.model, swarm.peer_id, addr, Boolean(state.key));
+  state.joinText = joinCommand(snapshot.coverage.join_model || snapshot.coverage.model, swarm.peer_id, addr, Boolean(state.key));
   $("join-command").textContent = state.joinText;
 }
 

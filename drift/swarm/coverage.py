@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from drift.swarm.names import names_match
+from drift.swarm.names import join_name, names_match
 from drift.swarm.record import PeerRecord
 from drift.wire.errors import NotFound
 
@@ -53,6 +53,7 @@ class Coverage:
         return {
             "models": [m.to_wire() for m in self.models],
             "model": self.model,
+            "join_model": join_name(self.model),  # what `drift up` takes on another machine
             "model_fingerprint": self.model_fingerprint,
             "num_blocks": self.num_blocks,
             "blocks": [b.to_wire() for b in self.blocks],

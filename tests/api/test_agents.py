@@ -2,7 +2,7 @@
 behind the real `drift api` app, driven by the official `openai` client and langchain-openai:
 a required get_weather(city) call validates and its result yields a final answer, a
 json_schema answer validates for 20 prompts, embeddings are stable and equal local
-transformers, and README's tool-calling and LangChain examples run as written.
+transformers, and docs/api.md's tool-calling and LangChain examples run as written.
 One swarm and one app for the module (on a loop in a background thread; clients are sync).
 """
 
@@ -33,7 +33,7 @@ from tests.client.swarms import start_swarm, stop_swarm
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 KEY = "sk-drift"
-README = Path(__file__).resolve().parents[2] / "README.md"
+API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 WEATHER = {
     "type": "function",
     "function": {
@@ -193,16 +193,16 @@ def test_langchain_tools_and_structured_output(served: Served) -> None:
 
 
 def readme_block(title: str) -> str:
-    section = README.read_text().split("## OpenAI-compatible API", 1)[1].split("\n## ", 1)[0]
+    section = API_DOC.read_text().split("## OpenAI-compatible API", 1)[1].split("\n## ", 1)[0]
     match = re.search(rf"<!-- test: {title} -->\n```python\n(.*?)```", section, re.S)
-    assert match, f"README's OpenAI-compatible API section has no '{title}' example"
+    assert match, f"docs/api.md's OpenAI-compatible API section has no '{title}' example"
     return match.group(1)
 
 
 @pytest.mark.parametrize("title", ["tool calling", "langchain"])
 def test_readme_examples(served: Served, title: str, capsys) -> None:
     code = readme_block(title).replace("http://127.0.0.1:8000", served.url)
-    exec(compile(code, f"README.md ({title})", "exec"), {})
+    exec(compile(code, f"docs/api.md ({title})", "exec"), {})
     printed = capsys.readouterr().out
     assert printed.strip(), "the example prints its result"
     if title == "tool calling":

@@ -1,4 +1,4 @@
-"""`drift api` as a real process (--local, tiny model) answering the README's curl examples."""
+"""`drift api` as a real process (--local, tiny model) answering the curl examples of README.md and docs/api.md."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""README.md's "### Code written for transformers or Petals" example, run as written on a
-tiny llama swarm (its model name and peers replaced; `ids` as the README's first example
+"""docs/sdk.md's "### Code written for transformers or Petals" example, run as written on a
+tiny llama swarm (its model name and peers replaced; `ids` as README.md's Python API example
 defines it), each result checked against local transformers."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from pathlib import Path
 
 import torch
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+SDK_DOC = Path(__file__).resolve().parents[2] / "docs" / "sdk.md"
 
 
 def readme_compat_block() -> str:
-    section = README.read_text().split("### Code written for transformers or Petals", 1)[1]
+    section = SDK_DOC.read_text().split("### Code written for transformers or Petals", 1)[1]
     match = re.search(r"```python\n(.*?)```", section.split("\n## ", 1)[0], re.S)
-    assert match, "README.md's compat section has no ```python block"
+    assert match, "docs/sdk.md's compat section has no ```python block"
     return match.group(1)
 
 

@@ -171,3 +171,27 @@ def test_dockerfile_essentials() -> None:
     # the files the image copies exist (hatchling also needs README.md, added with the docs)
     for copied in ("drift", "web", "pyproject.toml"):
         assert (REPO / copied).exists(), copied
+
+
+COMPOSE_UNITS = {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def compose_bytes(text: str | int) -> int:
+    """A compose memory size ("2g", "1536m", 1073741824) in bytes."""
+    s = str(text).strip().lower().removesuffix("b") or "0"
+    unit = COMPOSE_UNITS.get(s[-1], 1)
+    return int(float(s.rstrip("kmg")) * unit)
+
+
+def test_block_servers_have_memory_limits() -> None:
+    """Every service serving blocks runs under a memory limit (its cgroup, which `drift up`
+    reads as its budget), large enough for the blocks it pins plus the process itself."""
+    services = compose()["services"]
+    serving = {n: s for n, s in services.items() if s.get("command", [None])[0] in ("server", "up")}
+    assert serving
+    for name, svc in serving.items():
+        limit = svc.get("mem_limit") or svc.get("deploy", {}).get("resources", {}).get(
+            "limits", {}
+        ).get("memory")
+        assert limit, f"{name} has no memory limit"
+        assert compose_bytes(limit) >= 1 << 30, f"{name}: {limit} is too small for its blocks"

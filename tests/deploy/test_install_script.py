@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.deploy.install_helpers import plan_of, run_install
+
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts" / "install.sh"
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
 
@@ -25,28 +26,6 @@ TORCH_INDEX = {
     "xpu": "https://download.pytorch.org/whl/xpu",
     "mps": "https://pypi.org/simple",
 }
-
-
-def run_install(home: Path, *args: str, fake_bin: Path | None = None, **env: str):
-    base = {k: v for k, v in os.environ.items() if not k.startswith("DRIFT_")}
-    base["HOME"] = str(home)
-    if fake_bin is not None:
-        base["PATH"] = f"{fake_bin}{os.pathsep}{base['PATH']}"
-    base.update(env)
-    return subprocess.run(
-        ["bash", str(SCRIPT), *args], env=base, capture_output=True, text=True, timeout=60
-    )
-
-
-def plan_of(stdout: str) -> tuple[dict[str, str], list[str]]:
-    fields, commands = {}, []
-    for line in stdout.splitlines():
-        if line.startswith("+ "):
-            commands.append(line[2:])
-        elif ": " in line:
-            key, value = line.split(": ", 1)
-            fields[key] = value
-    return fields, commands
 
 
 def fake_program(folder: Path, name: str, body: str) -> None:
@@ -70,7 +49,7 @@ def test_dry_run_plan_per_device(tmp_path: Path, device: str, installer: str) ->
     assert fields["installer"] == installer
     assert fields["venv"] == str(venv)
     assert fields["source"] == str(REPO)  # installed from the checkout the script lives in
-    torch_cmd = next(c for c in commands if " torch" in c)
+    torch_cmd = next(c for c in commands if " install " in c and " torch" in c)
     if not (installer == "pip" and device == "cpu" and _pip_has_find_links()):
         assert TORCH_INDEX[device] in torch_cmd
     assert any(c.endswith(f"{REPO}[api]") for c in commands)

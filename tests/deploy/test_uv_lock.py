@@ -9,7 +9,6 @@ deliberately stale copy, which must fail.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -20,6 +19,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
+
+from tests.deploy.install_helpers import uv_command
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -90,14 +91,6 @@ def test_lock_resolves_from_pypi_alone() -> None:
     assert sources - {("registry", PYPI)} == {("editable", ".")}
     torch = [p for p in lock["package"] if p["name"] == "torch"]
     assert torch and all("+" not in p["version"] for p in torch), "PyPI's torch, no local build"
-
-
-def uv_command() -> list[str] | None:
-    if shutil.which("uv"):
-        return ["uv"]
-    if importlib.util.find_spec("uv") is not None:
-        return [sys.executable, "-m", "uv"]
-    return None
 
 
 def uv_check(uv: list[str], project: Path) -> subprocess.CompletedProcess[str]:

@@ -1,4 +1,4 @@
-"""scripts/example_inference_ws.py (the README's raw /inference example) runs against a server."""
+"""scripts/example_inference_ws.py (docs/api.md's raw /inference example) runs against a server."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import aiohttp
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "example_inference_ws.py"
 
 
-README = SCRIPT.parents[1] / "README.md"
+API_DOC = SCRIPT.parents[1] / "docs" / "api.md"
 
 
 def test_readme_names_the_script_as_run_here() -> None:
     usage = f"python scripts/{SCRIPT.name} http://"
-    assert usage in README.read_text(), (
-        f"README.md no longer shows `{usage}...`, the raw /inference example this test runs; "
-        "change README and tests/server/test_example_script.py together"
+    assert usage in API_DOC.read_text(), (
+        f"docs/api.md no longer shows `{usage}...`, the raw /inference example this test runs; "
+        "change docs/api.md and tests/server/test_example_script.py together"
     )
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from drift.models.sources.aliases import ALIASES
 from drift.swarm import coverage
-from drift.swarm.names import ALIAS_NAMES, model_names, names_match
+from drift.swarm.names import ALIAS_NAMES, join_name, model_names, names_match, same_model
 from drift.wire.errors import NotFound
 from tests.node.node_helpers import Nodes
 from tests.swarm.swarm_helpers import make_record
@@ -58,3 +58,39 @@ async def test_node_coverage_accepts_the_alias(nodes: Nodes) -> None:
                 assert resp.status == 200 and body["missing"] == [], (typed, body)
         async with http.get(base + "gemma3-270m") as resp:
             assert resp.status == 404 and (await resp.json())["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("smollm2", "SmolLM2-135M-Instruct"),
+    ("SmolLM2-135M-Instruct", "smollm2"),  # the API started with no MODEL: the swarm's name
+    ("HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2"),
+    ("/data/models/acme-chat", "acme-chat"),
+    ("acme-chat", "/data/models/acme-chat"),
+    ("/data/SmolLM2.Q4_1.gguf", "SmolLM2.Q4_1"),
+])  # fmt: skip
+def test_same_model_both_ways(a: str, b: str) -> None:
+    assert same_model(a, b) and same_model(b, a)
+
+
+def test_same_model_refuses_others() -> None:
+    assert not same_model("smollm2", "gemma3-270m")
+    assert not same_model("smollm2:chat", "smollm2")  # an adapter id is not the base
+    assert not same_model("/data/acme", "acme-chat")
+
+
+def test_join_name_is_what_another_machine_types() -> None:
+    assert join_name("SmolLM2-135M-Instruct") == "smollm2"
+    assert join_name("gemma-3-270m") == "gemma3-270m"
+    assert join_name("meta-llama/Llama-3.2-1B-Instruct") == "meta-llama/Llama-3.2-1B-Instruct"
+    assert join_name("acme-chat") == "acme-chat"
+    assert join_name(None) is None
+
+
+async def test_node_coverage_names_the_join_model(nodes: Nodes) -> None:
+    node, run = await nodes.start()
+    node.announce(role="server", model="SmolLM2-135M-Instruct", model_fingerprint="abc",
+                  num_blocks=4, start_block=0, end_block=4, throughput=1.0)  # fmt: skip
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"http://127.0.0.1:{run.port}/swarm/coverage") as resp:
+            body = await resp.json()
+    assert body["model"] == "SmolLM2-135M-Instruct" and body["join_model"] == "smollm2"

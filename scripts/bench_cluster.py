@@ -1,0 +1,134 @@
+"""A model bigger than any machine: N box machines (tests/cluster/box.py) with `drift up` and
+the printed `--join` command only, against local transformers with its weights in memory.
+
+    PYTHONPATH=. python scripts/make_model.py llama-3.2-3b /tmp/llama3b
+    sudo PYTHONPATH=. python scripts/bench_cluster.py /tmp/llama3b --memory_gib 3 --rtt_ms 0 20
+
+The first machine runs `drift up MODEL --device cpu --torch_dtype DTYPE` (on a CPU `auto` is
+float32, twice bf16's memory); the joiners run the printed `--join` command only.
+
+Prints, per RTT: each machine's span and the budget it read, coverage, whether greedy tokens
+equal local transformers, and decode seconds per token against local transformers (ratio =
+local / drift, so >1 is faster). Machines join one after another, each once the previous serves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from drift.client import AutoDistributedModelForCausalLM
+from tests.cluster.box import Box
+from tests.cluster.swarm import (
+    BUDGET_RE,
+    JOIN_RE,
+    MEMORY_RE,
+    PEER_RE,
+    covered,
+    servers,
+    wait_covered,
+)
+
+SERVING_RE = r"^serving blocks \[(\d+), (\d+)\)"
+
+
+def decode_s_per_token(model, ids: torch.Tensor, new: int) -> tuple[torch.Tensor, float]:
+    """(greedy tokens, seconds per decode step: the `new`-token run minus the 1-token run)."""
+    t0 = time.perf_counter()
+    model.generate(ids, max_new_tokens=1, do_sample=False)
+    t1 = time.perf_counter()
+    # random weights reach EOS early: min_new_tokens keeps every run `new` steps long
+    out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+    t2 = time.perf_counter()
+    return out, ((t2 - t1) - (t1 - t0)) / (out.shape[1] - ids.shape[1] - 1)
+
+
+def local_reference(model_dir: Path, dtype: torch.dtype, ids: torch.Tensor, new: int):
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    with torch.inference_mode():
+        out, s = decode_s_per_token(model, ids, new)
+    del model
+    gc.collect()
+    return out, s
+
+
+def run_box(args: argparse.Namespace, rtt: float, ref: torch.Tensor, ids: torch.Tensor) -> dict:
+    from transformers import AutoConfig
+
+    n_blocks = AutoConfig.from_pretrained(args.model).num_hidden_layers
+    flags = ["--device", "cpu", *(["--torch_dtype", args.dtype] if args.dtype_flag else [])]
+    with Box(args.machines, Path(tempfile.mkdtemp(prefix="drift-bench-cluster-")),
+             memory=int(args.memory_gib * 2**30), rtt_ms=rtt, rate=args.rate) as box:  # fmt: skip
+        rows, token_text = [], None
+        for m in box.machines:
+            extra = flags if token_text is None else ["--join", token_text]
+            proc = m.up(args.model, *extra)
+            peer = proc.wait_for(PEER_RE, timeout=120).group(1)
+            memory = proc.wait_for(MEMORY_RE, timeout=600).group(1)
+            budget = proc.wait_for(BUDGET_RE, timeout=10).group(1)
+            span = proc.wait_for(SERVING_RE, timeout=900)
+            rows.append((m.name, peer, f"[{span.group(1)}, {span.group(2)})", budget, memory))
+            if token_text is None:
+                token_text = proc.wait_for(JOIN_RE, timeout=60).group(1)
+        from drift.identity import parse_join_token
+
+        token = parse_join_token(token_text)
+        wait_covered(token, n_blocks, {r[1] for r in rows}, timeout=300)
+        model = AutoDistributedModelForCausalLM.from_pretrained(
+            args.model, initial_peers=token_text
+        )
+        try:
+            out, s = decode_s_per_token(model, ids, args.new_tokens)
+        finally:
+            model.close()
+        ooms = [m.oom_kills() for m in box.machines]
+        return dict(rows=rows, covered=covered(servers(token), n_blocks), same=torch.equal(out, ref),
+                    s=s, ooms=ooms)  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model", type=Path)
+    p.add_argument("--machines", type=int, default=3)
+    p.add_argument("--memory_gib", type=float, default=3.0)
+    p.add_argument("--rtt_ms", type=float, nargs="+", default=[0.0, 20.0])
+    p.add_argument("--rate", default="1gbit")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument(
+        "--no_dtype_flag",
+        dest="dtype_flag",
+        action="store_false",
+        help="start the first machine without --torch_dtype (on a CPU, auto is float32)",
+    )
+    p.add_argument("--new_tokens", type=int, default=12)
+    args = p.parse_args()
+    torch.set_num_threads(2)
+    ids = torch.tensor([[1, 504, 3458, 282, 4649, 314, 1345, 30]])
+    ref, local_s = local_reference(args.model, getattr(torch, args.dtype), ids, args.new_tokens)
+    print(f"local transformers ({args.dtype}, weights in memory): {local_s:.3f} s/token")
+    for rtt in args.rtt_ms:
+        r = run_box(args, rtt, ref, ids)
+        print(f"\n{args.machines} machines x {args.memory_gib} GiB, RTT {rtt:g} ms, {args.rate}:")
+        print("| machine | span | budget read | sizing |")
+        print("|---|---|---|---|")
+        for name, _, span, budget, memory in r["rows"]:
+            print(f"| {name} | {span} | {budget} | {memory} |")
+        print(
+            f"coverage full: {r['covered']}; greedy tokens identical to local: {r['same']}; "
+            f"OOM kills: {sum(r['ooms'])}"
+        )
+        print(
+            f"decode: drift {r['s']:.3f} s/token vs local {local_s:.3f} s/token "
+            f"(ratio local/drift {local_s / r['s']:.2f}x)",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
