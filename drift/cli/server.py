@@ -65,7 +65,8 @@ def add_server_options(p: argparse.ArgumentParser, *, num_blocks_default: str = 
         type=float,
         default=0.5,
         help="fraction (0, 1] of the KV-cache budget one client (by address) may hold in all "
-        "its sessions beyond its first; more is refused as cache_full naming this limit "
+        "its sessions beyond its first; more is refused as cache_full naming this limit; "
+        "clients that prove the swarm key (a private swarm's own) are not limited "
         "(default: 0.5; 1 = no limit)",
     )
     p.add_argument(

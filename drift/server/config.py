@@ -30,7 +30,8 @@ class ServerConfig:
     attn_cache_tokens: int = 8192
     # fraction (0, 1] of the KV-cache budget (block-tokens) one client (by its address) may
     # hold in all its sessions beyond its first; 1: no limit. The first session of a client
-    # is bounded only by the budget and inference_max_length.
+    # is bounded only by the budget and inference_max_length. Clients that prove the swarm
+    # key (a private swarm's own) are not limited.
     client_cache_share: float = 0.5
     # seconds work queued for the compute thread may wait before the server announces itself
     # degraded (routing avoids it) until its compute advances again

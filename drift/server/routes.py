@@ -165,7 +165,9 @@ async def _inference(request: web.Request) -> web.WebSocketResponse:
     ws = web.WebSocketResponse(max_msg_size=server.config.max_body_bytes)
     await ws.prepare(request)
     server.sockets.add(ws)
-    state = _SocketState(bound=AUTH_PROOF.get() is not None, client=request.remote or "")
+    bound = AUTH_PROOF.get() is not None
+    # a socket that proved the swarm key is the private swarm's own: no per-client KV share
+    state = _SocketState(bound=bound, client="" if bound else (request.remote or "?"))
     try:
         while not ws.closed:
             # a reaped session's next step still hears `unknown_session` before the socket goes

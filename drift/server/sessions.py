@@ -140,7 +140,7 @@ class SessionManager:
     def _check_share(self, client: str, more: int, growing: Session | None) -> None:
         """The client's share of the budget (drift.server.budget.check_share): what its
         sessions hold, `growing` (a session it extends) counted as held, not as another."""
-        if self.client_share >= 1:
+        if self.client_share >= 1 or not client:  # "" = a swarm-key member: not limited
             return
         mine = [s for s in self.sessions.values() if s.client == client]
         others = sum(1 for s in mine if s is not growing)

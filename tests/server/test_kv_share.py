@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+import orjson
 import torch
 
 from drift.server.config import ServerConfig
@@ -58,3 +59,27 @@ async def test_a_first_session_may_use_the_whole_budget(servers, tiny_llama) -> 
         assert isinstance(first, RawSession), first
         second = await RawSession.open(http, running.url, fp, 0, 2, max_length=10)
         assert second["code"] == "cache_full" and "client_cache_share" in second["message"]
+
+
+async def test_clients_that_prove_the_swarm_key_are_not_limited(servers, tiny_llama) -> None:
+    """A private swarm's own clients (they prove the swarm key, e.g. a `drift api` serving many
+    users from one address) hold what the budget allows; the share is for anonymous ones."""
+    from drift.wire import messages as m
+    from drift.wire.auth import auth_headers
+
+    key = "k3y-of-the-swarm"
+    running = await servers(tiny_llama, 0, 2, swarm_key=key)
+    fp = running.server.backend.fingerprint
+    sockets = []
+    async with aiohttp.ClientSession() as http:
+        for _ in range(3):  # 3 x 2,048 of 8,192 tokens: past a share of 0.5
+            headers = auth_headers(key, "GET", "/inference", peer_id=running.node.peer_id)
+            ws = await http.ws_connect(f"{running.url}/inference", headers=headers)
+            sockets.append(ws)
+            opened = m.OpenSession(fp, 0, 2, 2048, 1, "float32").to_wire()
+            await ws.send_str(orjson.dumps(opened).decode())
+            reply = orjson.loads((await ws.receive()).data)
+            assert reply["type"] == "session_opened", reply
+        assert running.server.sessions.budget.used == 3 * 2048 * 2
+        for ws in sockets:
+            await ws.close()
