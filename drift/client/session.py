@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from drift.client.extras import Tensors, hop_extras
+from drift.client.handoff import follow_move
 from drift.client.remote import RemoteClient, slice_prompts
 from drift.client.routing import Hop
 from drift.client.step_inputs import Chunk, StepInputs, split_step, to_cpu
@@ -59,6 +60,7 @@ class InferenceSession:
         self.spans: list[SpanState] = []
         self.closed = False
         self.failovers = 0
+        self.moves = 0  # spans followed to the server their session was handed to (handoff)
         self.push_off = False  # a push was refused: steps are relayed until a failover
         self.pushed = 0  # span replies that came by server push (not sent by us)
 
@@ -333,6 +335,8 @@ class InferenceSession:
 
     async def _failover(self, index: int, exc: DriftError) -> None:
         """Replace span `index` by a new route over its blocks and replay its history."""
+        if await follow_move(self, index, exc):  # handoff hook: it lives elsewhere, no replay
+            return
         failed = self.spans[index]
         self.client.note_failure(exc, failed.hop)
         self.failovers += 1

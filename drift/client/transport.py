@@ -26,6 +26,7 @@ from drift.wire.compress import pack, unpack
 from drift.wire.errors import DriftError, PeerUnavailable, from_payload
 from drift.wire.extend import ExtendSession, SessionExtended
 from drift.wire.frames import MEDIA_TYPE, decode_frame, encode_frame
+from drift.wire.handoff import raise_if_moved
 from drift.wire.push import NEXT, PUSH_ERROR, PUSHED, NextHop
 
 _RETRYABLE_CODES = {"peer_unavailable", "busy", "cache_full", "internal", "unknown_session"}
@@ -214,6 +215,7 @@ class SpanSocket:
         return msg
 
     def _raise_if_error(self, obj: Any) -> None:
+        raise_if_moved(obj)  # handoff hook: SessionMovedError names where the session lives
         if isinstance(obj, dict) and obj.get("type") == "error":
             err = m.ErrorMessage.from_wire(obj)
             raise from_payload({"error": {"code": err.code, "message": err.message}}, 500)

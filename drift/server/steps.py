@@ -52,6 +52,8 @@ async def serve_step(
     another server (dropped when the session already ran a newer step)."""
     started = time.perf_counter()
     step_id = params.get("step_id") if isinstance(params.get("step_id"), int) else None
+    if await server.handoff.answer_moved(ws, session_id, step_id):  # handoff hook
+        return
     try:
         # validated once, here, against the session's limits; the session and span trust it
         limits = None if session_id is None else server.sessions.get(session_id).limits

@@ -58,6 +58,8 @@ OPTIONAL_FIELDS: dict[str, str] = {
     "tokens_per_s": "tokens (batch x length) per second through its span, same window",
     "block_tokens_per_s": "tokens x the blocks each ran through, per second, same window",
     "held_sessions": "of active_sessions, those no step used for a while (held prefixes, idle chats)",
+    # state stays "online" while draining, so peers of the previous version keep the record
+    "draining": "1 while the server hands its sessions over and takes no new ones",
 }
 
 
@@ -120,6 +122,7 @@ class PeerRecord:
     def serves(self, block: int) -> bool:
         return (
             self.state == "online"
+            and not self.optional("draining")
             and self.start_block is not None
             and self.end_block is not None
             and self.start_block <= block < self.end_block
