@@ -33,6 +33,8 @@ pytestmark = pytest.mark.timeout(600)
 IDS = torch.randint(3, 200, (1, 96), generator=torch.Generator().manual_seed(0))
 NEW, AT = 10, 4  # new tokens; SIGTERM when generation reaches step AT
 HISTORY = IDS.shape[1] + AT - 1  # tokens the span holds when the server leaves
+DRAINED = re.compile(r"drained: ")  # the leaving server dealt with its sessions
+LEFT = re.compile(r"left the swarm")  # ... or, with no drain, left
 CONFIG = ClientConfig(swarm_refresh_s=0.2, ban_base_s=0.3, ban_max_s=1.0, max_retries=6,
                       min_step_timeout_s=2.0, connect_timeout_s=3.0)  # fmt: skip
 
@@ -90,7 +92,9 @@ def tokens_total(m: Member) -> int:
     return asyncio.run(read())
 
 
-def run_with_sigterm(swarm: Swarm) -> tuple[torch.Tensor, object, Member, int, int]:
+def run_with_sigterm(
+    swarm: Swarm, until: re.Pattern[str] = DRAINED
+) -> tuple[torch.Tensor, object, Member, int, int]:
     """Generate, SIGTERMing the replica in use at step AT; (tokens, session, victim, the
     other replica's drift_tokens_total before the SIGTERM and after the generation)."""
     model = AutoDistributedModelForCausalLM.from_pretrained(
@@ -105,6 +109,9 @@ def run_with_sigterm(swarm: Swarm) -> tuple[torch.Tensor, object, Member, int, i
         seen.update(session=session, victim=victim, before=tokens_total(swarm.other(victim)))
         assert victim.proc is not None
         victim.proc.popen.send_signal(signal.SIGTERM)
+        # the next step comes once the leaving server has dealt with the session (else a
+        # tiny model's generation may end before its drain begins)
+        victim.proc.wait_for(until, timeout=60)
 
     try:
         out = model.generate(IDS, max_new_tokens=NEW, do_sample=False,
@@ -143,7 +150,7 @@ def test_without_handoff_the_client_replays(swarm, reference):
     """Both replicas with --drain_timeout 0: the leaving one hands nothing over."""
     for m in (swarm.a, swarm.b):
         restart(swarm, m, "--drain_timeout", "0")
-    out, session, victim, before, after = run_with_sigterm(swarm)
+    out, session, victim, before, after = run_with_sigterm(swarm, LEFT)
     assert torch.equal(out, reference)
     assert session.moves == 0 and session.failovers >= 1
     assert after - before >= HISTORY  # the history was replayed into the other replica
