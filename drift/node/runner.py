@@ -15,6 +15,7 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -110,9 +111,9 @@ async def _before_stop(app: web.Application, stop: asyncio.Event) -> None:
         return
     stop.clear()
     log.info("stopping: draining first (signal again to stop at once)")
-    work = asyncio.ensure_future(asyncio.gather(*(hook() for hook in hooks)))
-    again = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({work, again}, return_when=asyncio.FIRST_COMPLETED)
+    work: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(*(h() for h in hooks)))
+    again: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([work, again], return_when=asyncio.FIRST_COMPLETED)
     again.cancel()
     if not work.done():
         log.warning("second signal: stopping at once")

@@ -232,7 +232,7 @@ class SessionMoved:
                    None if step is None else c.get_int(obj, "step_id"))  # fmt: skip
 
     def to_wire(self) -> dict[str, Any]:
-        out = {"type": MOVED, "version": PROTOCOL_VERSION, "addr": self.addr,
+        out: dict[str, Any] = {"type": MOVED, "version": PROTOCOL_VERSION, "addr": self.addr,
                "peer_id": self.peer_id, "session_id": self.session_id, "token": self.token}  # fmt: skip
         if self.step_id is not None:
             out["step_id"] = self.step_id
