@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -19,14 +19,21 @@ from drift.wire.errors import DriftError
 from drift.wire.handoff import MOVED, ResumeSession, SessionMoved, SessionMovedError
 from drift.wire.version import PROTOCOL_VERSION
 
-if TYPE_CHECKING:
-    from drift.client.session import InferenceSession
+
+class Following(Protocol):
+    """What following a move needs of an InferenceSession (drift.client.session)."""
+
+    spans: list[Any]  # SpanState: hop, socket, history
+    client: Any  # RemoteClient: open_socket
+    dtype_name: str
+    moves: int
+
 
 log = logging.getLogger(__name__)
 PEEK_S = 0.05  # how long a broken socket is read for a moved notice left on it
 
 
-async def follow_move(session: InferenceSession, index: int, exc: DriftError) -> bool:
+async def follow_move(session: Following, index: int, exc: DriftError) -> bool:
     """Span `index` resumed where its session moved; False when it did not move (or the
     resume failed: then the span fails over as usual)."""
     span = session.spans[index]

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import secrets
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -52,33 +52,6 @@ READY = "handoff_ready"  # the receiver reserved room: the pieces may come
 PIECE_BYTES = 4 << 20  # bytes of K+V in one piece (well under any server's max_body_bytes)
 SESSION_HANDOFF_S = 30.0  # at most this long for one session's transfer (within the drain)
 PARALLEL = 4  # sessions handed over at once
-
-
-@dataclass
-class HandoffHub:
-    """Per server: sessions being handed over (steps wait), moved ones (steps hear where),
-    and sessions handed to this server, parked until their client resumes them."""
-
-    pending: dict[str, asyncio.Event] = field(default_factory=dict)
-    moved: dict[str, SessionMoved] = field(default_factory=dict)
-    parked: dict[str, str] = field(default_factory=dict)  # session id -> resume token
-    nonces: set[str] = field(default_factory=set)  # offers taken (a replayed one is refused)
-    draining: bool = False
-
-    async def answer_moved(self, ws: web.WebSocketResponse, session_id: str | None,
-                           step_id: int | None) -> bool:  # fmt: skip
-        """Hook before a step: wait out a transfer of its session; True (and the client told
-        where its session lives) when it moved."""
-        if session_id is None:
-            return False
-        event = self.pending.get(session_id)
-        if event is not None:
-            await event.wait()
-        moved = self.moved.get(session_id)
-        if moved is None:
-            return False
-        await _send(ws, replace(moved, step_id=step_id).to_wire())
-        return True
 
 
 def replacements(records: list[PeerRecord], me: str, fingerprint: str, start: int, end: int,

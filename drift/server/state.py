@@ -18,7 +18,7 @@ from drift.models.checkpoint import Checkpoint
 from drift.server.backend import SpanBackend
 from drift.server.budget import CacheBudget
 from drift.server.config import ServerConfig
-from drift.server.handoff import HandoffHub
+from drift.server.handoff_hub import HandoffHub
 from drift.server.metrics import ServerMetrics
 from drift.server.move import DRAIN_TIMEOUT_S, prepare_move
 from drift.server.push import PushHub
