@@ -229,6 +229,12 @@ def main() -> None:
     parser.add_argument("--parts", default="2,3", help="server counts to bench, e.g. 2,3")
     parser.add_argument("--relay", action="store_true",
                         help="the client relays every step (default: server-to-server push)")  # fmt: skip
+    parser.add_argument(
+        "--compile",
+        default=None,
+        choices=["auto", "on", "off"],
+        help="the servers' --compile (how decode steps run; default: theirs)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     directory = open_checkpoint(args.model).path
@@ -244,7 +250,10 @@ def main() -> None:
             for p in parts:
                 bounds = [n * i // p for i in range(p + 1)]
                 procs = ServerProcs(
-                    str(directory), list(zip(bounds, bounds[1:], strict=False)), Path(tmp)
+                    str(directory),
+                    list(zip(bounds, bounds[1:], strict=False)),
+                    Path(tmp),
+                    extra=() if args.compile is None else ("--compile", args.compile),
                 )
                 model = AutoDistributedModelForCausalLM.from_pretrained(
                     directory, initial_peers=procs.token,
@@ -271,7 +280,8 @@ def main() -> None:
 def report(args: Any, rates: dict[str, list[float]], rows: dict[int, dict[str, list[float]]]):
     med = {k: statistics.median(v) for k, v in rates.items()}
     print(f"\n{args.model}, {args.new} new tokens after a {PROMPT.shape[1]}-token prompt, "
-          f"medians of {args.reps} interleaved runs, 1 compute thread per process")  # fmt: skip
+          f"medians of {args.reps} interleaved runs, 1 compute thread per process, servers' "
+          f"--compile {args.compile or 'default'}")  # fmt: skip
     print(f"local transformers: {med['local']:6.2f} tokens/s  ({1e3 / med['local']:.1f} ms/token)")
     for label, values in rows.pop(0).items():
         print(f"    {label:<42} {statistics.median(values):7.2f} ms/token")

@@ -4,7 +4,7 @@ SmolLM2 served by 2 `drift server` processes on 127.0.0.1 (scripts/bench_client.
 ServerProcs). Per setting, interleaved `--reps` times: a forward over a `--prompt`-token
 prompt, and `--steps` decode steps continuing a remote cache; each with and without
 per-layer states. Prints medians, the ratio with/without (time), and the reply bytes the
-client decoded per call (exact: every reply goes through drift.wire.messages.decode).
+client decoded per call (exact: every reply goes through drift.wire.codec.decode).
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_hidden_states.py --reps 5
 """
@@ -29,7 +29,7 @@ from bench_client import ServerProcs, wait_covered  # noqa: E402
 
 from drift.client import AutoDistributedModelForCausalLM  # noqa: E402
 from drift.models.checkpoint import open_checkpoint  # noqa: E402
-from drift.wire import messages  # noqa: E402
+from drift.wire import codec  # noqa: E402
 
 
 class ReplyBytes:
@@ -38,16 +38,16 @@ class ReplyBytes:
     def __init__(self) -> None:
         self.total = 0
         self.on = False
-        self._decode = messages.decode
+        self._decode = codec.decode
 
-    def __call__(self, cls: Any, body: bytes, **expect: Any) -> Any:
+    def __call__(self, cls: Any, body: bytes, *args: Any, **expect: Any) -> Any:
         if self.on:
             self.total += len(body)
-        return self._decode(cls, body, **expect)
+        return self._decode(cls, body, *args, **expect)
 
 
 BYTES = ReplyBytes()
-messages.decode = BYTES  # type: ignore[assignment]
+codec.decode = BYTES  # type: ignore[assignment]
 
 
 def measure(fn: Any) -> tuple[float, int]:

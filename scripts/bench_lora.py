@@ -5,7 +5,7 @@ ServerProcs, OMP_NUM_THREADS=1 each); the client trains LoRA (`tuning_mode="lora
 `--r`, `--targets`) on a batch of `--batch` x `--tokens` random tokens with Adam. The same
 steps run locally with peft on the same model (torch.set_num_threads(1)), interleaved
 `--reps` times. Prints median step times, the ratio swarm/local, and the frame bytes the
-client sent and received per step (exact: every frame goes through drift.wire.messages
+client sent and received per step (exact: every frame goes through drift.wire.codec
 encode/decode), with the LoRA weights' and gradients' share.
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_lora.py --reps 5
@@ -30,7 +30,7 @@ from bench_client import ServerProcs, wait_covered  # noqa: E402
 
 from drift.client import AutoDistributedModelForCausalLM  # noqa: E402
 from drift.models.checkpoint import open_checkpoint  # noqa: E402
-from drift.wire import messages  # noqa: E402
+from drift.wire import codec  # noqa: E402
 from drift.wire.lora import is_lora  # noqa: E402
 
 
@@ -41,17 +41,17 @@ class FrameBytes:
     def __init__(self) -> None:
         self.up = self.down = self.lora_up = self.lora_down = 0
         self.on = False
-        self._encode, self._decode = messages.encode, messages.decode
+        self._encode, self._decode = codec.encode, codec.decode
 
-    def encode(self, message: Any) -> bytes:
-        data = self._encode(message)
+    def encode(self, message: Any, wire_dtype: str | None = None) -> bytes:
+        data = self._encode(message, wire_dtype)
         if self.on:
             self.up += len(data)
             self.lora_up += _lora_bytes(message.to_wire()[1])
         return data
 
-    def decode(self, cls: Any, body: bytes, **expect: Any) -> Any:
-        reply = self._decode(cls, body, **expect)
+    def decode(self, cls: Any, body: bytes, *args: Any, **expect: Any) -> Any:
+        reply = self._decode(cls, body, *args, **expect)
         if self.on:
             self.down += len(body)
             self.lora_down += _lora_bytes(getattr(reply, "grad_extras", {}))
@@ -63,8 +63,8 @@ def _lora_bytes(tensors: dict[str, torch.Tensor]) -> int:
 
 
 BYTES = FrameBytes()
-messages.encode = BYTES.encode  # type: ignore[assignment]
-messages.decode = BYTES.decode  # type: ignore[assignment]
+codec.encode = BYTES.encode  # type: ignore[assignment]
+codec.decode = BYTES.decode  # type: ignore[assignment]
 
 
 def batch(vocab: int, size: int, tokens: int) -> torch.Tensor:

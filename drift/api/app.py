@@ -21,6 +21,7 @@ import orjson
 from aiohttp import web
 
 from drift.api import prep
+from drift.api.continuous import engine_gauges
 from drift.api.engine import CausalLMEngine, GenerationParams
 from drift.api.metrics import ApiMetrics
 from drift.api.middleware import add_cors, bearer_auth, counted, json_response, openai_errors
@@ -281,6 +282,8 @@ def build_api_app(engine: CausalLMEngine, config: ApiConfig) -> web.Application:
             "drift_api_active_requests": ("Generations and embedding batches running.",
                                           lambda: service.active),
         })  # fmt: skip
+        if service.loop is not None:
+            app_metrics.gauges.update(engine_gauges(service.loop))
         yield
         app[PREP].close()
         service.close()

@@ -178,7 +178,7 @@ class CausalLMEngine:
     ) -> None:
         """Generate one choice, calling `on_token` for every new token (EOS included)."""
         input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long)  # [1, P]
-        processors, recorder = self._processors(len(prompt_ids), params, generator)
+        processors, recorder = self.processors(len(prompt_ids), params, generator)
         with (
             torch.inference_mode(),
             self._open(
@@ -189,7 +189,7 @@ class CausalLMEngine:
 
             def tap(token_id: int) -> None:
                 routed()
-                on_token(self._event(token_id, recorder, params.top_logprobs))
+                on_token(self.event(token_id, recorder, params.top_logprobs))
 
             self._generate(input_ids, torch.ones_like(input_ids), params.max_new_tokens,
                            processors, TokenTap(tap, cancel), opened.generate_kwargs)  # fmt: skip
@@ -213,7 +213,7 @@ class CausalLMEngine:
             n = len(row.prompt_ids)
             input_ids[i, width - n :] = torch.tensor(list(row.prompt_ids), dtype=torch.long)
             mask[i, width - n :] = 1
-            procs, recorder = self._processors(width, row.params, row.generator)
+            procs, recorder = self.processors(width, row.params, row.generator)
             row_processors.append(procs)
             taps.append(self._row_tap(row, recorder))
         stop = BatchTap(taps, [r.params.max_new_tokens for r in rows],
@@ -231,13 +231,41 @@ class CausalLMEngine:
                 row_processors)]), stop, opened.generate_kwargs)  # fmt: skip
         stop.finish_all()
 
+    # -- one row at a time (drift.api.continuous runs the rows together) ----------------
+    def open_group(self, prompts: Sequence[Sequence[int]], params: Sequence[GenerationParams],
+                   ) -> AbstractContextManager[OpenedSessions]:  # fmt: skip
+        """Sessions for requests (of one adapter) run as one left-padded batch; a lone one's
+        may continue a held session sharing its prefix."""
+        width = max(len(p) for p in prompts)
+        lone = list(prompts[0]) if len(prompts) == 1 else None
+        return self._open(width + max(p.max_new_tokens for p in params), len(prompts),
+                          params[0].adapter, lone)  # fmt: skip
+
+    def held_tokens(self, opened: OpenedSessions) -> int:
+        """Tokens the row's sessions already hold (a continued session's shared prefix)."""
+        session = opened.generate_kwargs.get("session")
+        return 0 if session is None else int(session.position)
+
+    def row_step(self, opened: OpenedSessions, ids: torch.Tensor,
+                 mask: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+        """New tokens [B, T] through a group's sessions (`mask` [B, past + T] as generate()
+        passes it; None: no padding): the final normed states of the last position [B, H]
+        (the head is `project`'s, for all groups at once)."""
+        cache = self.model.cache_for(opened.generate_kwargs["session"])
+        out = self.model.model(ids, attention_mask=mask, cache=cache, use_cache=True)
+        return out.last_hidden_state[:, -1]  # [B, H]
+
+    def project(self, normed: torch.Tensor) -> torch.Tensor:
+        """Final normed states [B, H] -> logits [B, V] (one head computation)."""
+        return self.model.head.project(normed)
+
     def _row_tap(self, row: BatchRow, recorder: LogprobRecorder | None) -> Callable[[int], None]:
         def tap(token_id: int) -> None:
-            row.on_token(self._event(token_id, recorder, row.params.top_logprobs))
+            row.on_token(self.event(token_id, recorder, row.params.top_logprobs))
 
         return tap
 
-    def _processors(
+    def processors(
         self, prompt_length: int, params: GenerationParams, generator: torch.Generator
     ) -> tuple[LogitsProcessorList, LogprobRecorder | None]:
         processors = LogitsProcessorList()
@@ -270,7 +298,7 @@ class CausalLMEngine:
         )
 
     @staticmethod
-    def _event(token_id: int, recorder: LogprobRecorder | None, k: int | None) -> TokenEvent:
+    def event(token_id: int, recorder: LogprobRecorder | None, k: int | None) -> TokenEvent:
         if recorder is None or recorder.last is None:
             return TokenEvent(token_id, None, ())
         logprobs = recorder.last  # [V]

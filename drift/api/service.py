@@ -5,11 +5,10 @@
 thread and streams its tokens back through an asyncio queue as text deltas, applying
 stop strings. Closing the iterator cancels the generation before its next token and waits
 for the thread, so the request's sessions are freed before its slot is. No HTTP here.
-With `max_batch` > 1, choices waiting together run as one batch (`generate_batch`); each
-still streams on its own and completes (freeing its slot) the step its row ends, not when
-the batch does. A choice arriving while batches run starts its own batch at once (no wait
-for them to end): over a swarm the block servers run its steps in the same forward as the
-running batches' (drift.server.batcher), so it joins them at their next step.
+With `max_batch` > 1 over a swarm, every choice joins one engine loop (drift.api.continuous)
+at its next step: up to `max_batch` rows advance together and each leaves (freeing its
+slot) the step it ends. Over a local model, choices waiting together run as one batch
+(`generate_batch`); one arriving while batches run starts its own batch at once.
 `embed` runs embedding inputs (one forward pass each) under the same slots. Token counts and timings go to the
 app's `ApiMetrics`.
 """
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from drift.api.continuous import ContinuousBatcher
 from drift.api.engine import (
     BatchRow,
     CausalLMEngine,
@@ -47,7 +47,7 @@ class ServiceConfig:
     max_concurrent: int = 4  # requests generating at once (each holds its own sessions)
     queue_size: int = 32  # requests allowed to wait for a slot; more get HTTP 429
     default_max_tokens: int = 512  # new tokens per choice when a request names none
-    max_batch: int = 1  # choices generated together as one batch (1 = no batching)
+    max_batch: int = 1  # rows of the engine loop (over a swarm) or of a batch (1 = off)
     batch_wait_s: float = 0.01  # how long a lone choice waits for others to batch with
 
 
@@ -93,8 +93,14 @@ class GenerationService:
         # thread, so batches are bounded by the executor's threads
         self._max_batches = config.max_concurrent
         self._kick_scheduled = False
+        # over a swarm: one engine loop whose rows join and leave every step
+        self.loop: ContinuousBatcher | None = None
+        if config.max_batch > 1 and engine.sessions is not None:
+            self.loop = ContinuousBatcher(engine, config.max_batch)
 
     def close(self) -> None:
+        if self.loop is not None:
+            self.loop.close()
         self.executor.shutdown(wait=True, cancel_futures=True)
 
     async def adapters(self) -> tuple[str, ...]:
@@ -220,8 +226,8 @@ class GenerationService:
 
     # -- batching -----------------------------------------------------------------------
     def _submit_row(self, row: BatchRow, queue: asyncio.Queue[object]) -> Future[None]:
-        """Queue one choice for the next batch (its `on_done` is set here); the future ends
-        when its row does."""
+        """Queue one choice for the engine loop, or else the next batch (its `on_done` is set
+        here); the future ends when its row does."""
         loop = asyncio.get_running_loop()
         done: Future[None] = Future()
 
@@ -233,6 +239,9 @@ class GenerationService:
                     done.set_exception(exc)
                 loop.call_soon_threadsafe(queue.put_nowait, _DONE)
 
+        if self.loop is not None:
+            self.loop.submit(dataclasses.replace(row, on_done=on_done))
+            return done
         self._pending.append((dataclasses.replace(row, on_done=on_done), done))
         if not self._kick_scheduled:
             self._kick_scheduled = True

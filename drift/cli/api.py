@@ -57,9 +57,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="requests generating at once, each with its own swarm sessions "
                         "(default: 8)")  # fmt: skip
     p.add_argument("--max_batch", type=int, default=8,
-                   help="requests waiting together are generated as one batch of up to this "
-                        "many; one arriving while batches run starts its own at once (the "
-                        "servers batch their steps together); 1 = off (default: 8)")  # fmt: skip
+                   help="requests generating together: over a swarm one engine loop advances "
+                        "up to this many each step (a request joins at the next step and "
+                        "leaves the step it ends; more wait for a row); with --local, requests "
+                        "waiting together run as one batch of up to this many; 1 = off "
+                        "(default: 8)")  # fmt: skip
     p.add_argument("--queue_size", type=int, default=32,
                    help="requests waiting for a slot before HTTP 429 (default: 32)")  # fmt: skip
     p.add_argument("--default_max_tokens", type=int, default=512,

@@ -102,6 +102,14 @@ def add_server_options(p: argparse.ArgumentParser, *, num_blocks_default: str = 
     )
     add_quant_type(p)
     p.add_argument(
+        "--compile",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="how decode steps run: off = eager transformers; auto = the lean step (KV room "
+        "preallocated, layers called directly), torch.compile'd on accelerators; on = compiled "
+        "everywhere (at start-up; a CPU needs a C++ compiler) (default: auto)",
+    )
+    p.add_argument(
         "--adapters",
         nargs="+",
         default=[],
@@ -152,7 +160,7 @@ def server_config_from_args(args: argparse.Namespace, *, num_blocks: int | None 
         max_body_bytes=int(args.max_body_mb * (1 << 20)), throughput=args.throughput,
         cache_dir=cache_dir or resolve_cache_dir(args.cache_dir), quant_type=args.quant_type,
         adapters=adapters,
-        batch_wait_ms=args.batch_wait_ms,
+        batch_wait_ms=args.batch_wait_ms, compile=args.compile,
     )  # fmt: skip
 
 

@@ -49,7 +49,7 @@ class RemoteCache(Cache):
         seen = self.get_seq_length()
         keep = seen + tokens_to_remove if tokens_to_remove <= 0 else tokens_to_remove
         keep = min(max(keep, 0), seen)
-        self.session.position = self.prefix_length + keep
+        self.session.rollback(self.prefix_length + keep)
         if self.token_ids is not None:
             self.token_ids = self.token_ids[:, :keep]
         if self.attention_mask is not None:

@@ -21,11 +21,10 @@ from drift.wire.version import PROTOCOL_VERSION
 
 
 class Following(Protocol):
-    """What following a move needs of an InferenceSession (drift.client.session)."""
+    """What following a move needs of a session's Chain (drift.client.chain)."""
 
     spans: list[Any]  # SpanState: hop, socket, history
     client: Any  # RemoteClient: open_socket
-    dtype_name: str
     moves: int
 
 
@@ -33,7 +32,7 @@ log = logging.getLogger(__name__)
 PEEK_S = 0.05  # how long a broken socket is read for a moved notice left on it
 
 
-async def follow_move(session: Following, index: int, exc: DriftError) -> bool:
+async def follow_move(session: Following, index: int, exc: DriftError, dtype_name: str) -> bool:
     """Span `index` resumed where its session moved; False when it did not move (or the
     resume failed: then the span fails over as usual)."""
     span = session.spans[index]
@@ -41,7 +40,7 @@ async def follow_move(session: Following, index: int, exc: DriftError) -> bool:
     if moved is None:
         return False
     hop = dataclasses.replace(span.hop, addr=moved.addr, peer_id=moved.peer_id)
-    resume = ResumeSession(moved.session_id, moved.token, session.dtype_name)
+    resume = ResumeSession(moved.session_id, moved.token, dtype_name)
     try:
         sock = await session.client.open_socket(hop, resume)
     except DriftError as err:

@@ -14,20 +14,19 @@ from typing import Any
 import aiohttp
 import orjson
 import torch
-import zstandard
 
 from drift.client.config import ClientConfig
 from drift.client.routing import Hop
 from drift.swarm.dial import peer_ssl
+from drift.wire import codec
 from drift.wire import messages as m
 from drift.wire.auth import auth_headers, check_reply
 from drift.wire.checks import ACTIVATION_DTYPES
-from drift.wire.compress import pack, unpack
 from drift.wire.errors import DriftError, PeerUnavailable, from_payload
 from drift.wire.extend import ExtendSession, SessionExtended
-from drift.wire.frames import MEDIA_TYPE, decode_frame, encode_frame
+from drift.wire.frames import MEDIA_TYPE
 from drift.wire.handoff import raise_if_moved
-from drift.wire.push import NEXT, PUSH_ERROR, PUSHED, NextHop
+from drift.wire.step import StepRequest, StepResponse
 
 _RETRYABLE_CODES = {"peer_unavailable", "busy", "cache_full", "internal", "unknown_session"}
 
@@ -61,14 +60,10 @@ def _body(message: Any, config: ClientConfig, path: str,
           peer_id: str) -> tuple[bytes, dict[str, str]]:  # fmt: skip
     """The (maybe zstd) body and its headers; the swarm-key HMAC covers the plain frame,
     which is what the server reads (aiohttp undoes Content-Encoding)."""
-    params, tensors = message.to_wire()
-    data = encode_frame(params, pack(params, tensors, config.wire_dtype))
-    proof = auth_headers(config.swarm_key, "POST", path, data, peer_id=peer_id)
-    headers = {"Content-Type": MEDIA_TYPE, **proof}
-    if config.compress_min_bytes and len(data) >= config.compress_min_bytes:
-        data = zstandard.ZstdCompressor(level=1).compress(data)
-        headers["Content-Encoding"] = "zstd"
-    return data, headers
+    frame = codec.encode(message, config.wire_dtype)
+    proof = auth_headers(config.swarm_key, "POST", path, frame, peer_id=peer_id)
+    data, encoding = codec.compress_body(frame, config.compress_min_bytes)
+    return data, {"Content-Type": MEDIA_TYPE, **proof, **encoding}
 
 
 async def post_frame(
@@ -99,9 +94,7 @@ async def post_frame(
                         what=f"{hop.peer_id} at {hop.addr}")  # fmt: skip
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         raise PeerUnavailable(f"{hop.peer_id} at {hop.addr}: {exc!r}", peer_id=hop.peer_id) from exc
-    params, tensors = decode_frame(body)
-    tensors = unpack(params, tensors, message.hidden_states.dtype)
-    return reply_cls.from_wire(params, tensors, **expect)
+    return codec.decode(reply_cls, body, message.hidden_states.dtype, **expect)
 
 
 async def forward(
@@ -167,13 +160,13 @@ class SpanSocket:
         sock = cls(hop, ws, config)
         sock.dtype = ACTIVATION_DTYPES[request.dtype]
         try:
-            await ws.send_str(orjson.dumps(request.to_wire()).decode())
+            await ws.send_str(codec.encode_text(request))
             # reserving a cache is quick: a server that does not answer soon is not well
             msg = await sock._receive(config.connect_timeout_s + config.min_step_timeout_s)
             if msg.type != aiohttp.WSMsgType.TEXT:
                 raise PeerUnavailable(f"{hop.peer_id}: expected session_opened, got {msg.type}")
-            obj = orjson.loads(msg.data)
-            sock._raise_if_error(obj)
+            kind, obj = codec.read_text(msg.data)
+            sock._raise_if_error(kind, obj)
             sock.session_id = m.SessionOpened.from_wire(obj).session_id
         except BaseException:
             await sock.close()
@@ -185,7 +178,7 @@ class SpanSocket:
         (drift.wire.extend); its refusal rises (LengthExceeded, CacheFull, or BadRequest from
         a server that does not know `extend`). Replies to older steps are skipped."""
         try:
-            await self.ws.send_str(orjson.dumps(ExtendSession(max_length).to_wire()).decode())
+            await self.ws.send_str(codec.encode_text(ExtendSession(max_length)))
         except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
             raise PeerUnavailable(f"{self.hop.peer_id}: {exc!r}", peer_id=self.hop.peer_id) from exc
         deadline = time.monotonic() + self.config.connect_timeout_s + self.config.min_step_timeout_s
@@ -193,10 +186,10 @@ class SpanSocket:
             msg = await self._receive(max(deadline - time.monotonic(), 0.001))
             if msg.type != aiohttp.WSMsgType.TEXT:
                 continue  # a reply to a step given up on
-            obj = orjson.loads(msg.data)
-            if isinstance(obj, dict) and obj.get("step_id") is not None:
+            kind, obj = codec.read_text(msg.data)
+            if codec.text_step_id(obj) is not None:
                 continue  # an error of a step given up on
-            self._raise_if_error(obj)
+            self._raise_if_error(kind, obj)
             SessionExtended.from_wire(obj)
             return
 
@@ -214,9 +207,9 @@ class SpanSocket:
             )
         return msg
 
-    def _raise_if_error(self, obj: Any) -> None:
+    def _raise_if_error(self, kind: str | None, obj: Any) -> None:
         raise_if_moved(obj)  # handoff hook: SessionMovedError names where the session lives
-        if isinstance(obj, dict) and obj.get("type") == "error":
+        if kind == "error":
             err = m.ErrorMessage.from_wire(obj)
             raise from_payload({"error": {"code": err.code, "message": err.message}}, 500)
 
@@ -230,53 +223,46 @@ class SpanSocket:
         hypo_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
         prompts: torch.Tensor | None = None, extras: dict[str, torch.Tensor] | None = None,
         donate: tuple[int, ...] = (), states: bool = False, timeout_s: float | None = None,
-    ) -> m.StepResponse:  # fmt: skip
+    ) -> StepResponse:  # fmt: skip
         """One step; PeerUnavailable if no reply comes within `timeout_s` (default: the
         config's step_timeout_s)."""
-        req = m.StepRequest(self.next_step_id(), position, hidden, hypo_ids, attention_mask,
-                            prompts, extras or {}, donate, states)  # fmt: skip
+        req = StepRequest(self.next_step_id(), position, hidden, hypo_ids, attention_mask,
+                          prompts, extras or {}, donate, states)  # fmt: skip
         await self.send(req)
-        return (await self.receive(req.step_id, donate=donate, states=states,
-                                   timeout_s=timeout_s))[0]  # fmt: skip
+        return await self.receive(req.step_id, donate=donate, states=states, timeout_s=timeout_s)
 
-    async def send(self, req: m.StepRequest, next_hops: tuple[NextHop, ...] = ()) -> None:
-        """Send a step; `next_hops`: the spans its output is pushed on to (drift.wire.push)."""
-        params, tensors = req.to_wire()
-        tensors = pack(params, tensors, self.config.wire_dtype)
-        if next_hops:
-            params[NEXT] = [hop.to_wire() for hop in next_hops]
+    async def send(self, req: StepRequest) -> None:
+        """Send a step (its `next_hops`: the spans its output is pushed on to)."""
         try:
-            await self.ws.send_bytes(encode_frame(params, tensors))
+            await self.ws.send_bytes(codec.encode(req, self.config.wire_dtype))
         except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
             raise PeerUnavailable(f"{self.hop.peer_id}: {exc!r}", peer_id=self.hop.peer_id) from exc
 
     async def receive(
         self, step_id: int, *, donate: tuple[int, ...] = (), states: bool = False,
         timeout_s: float | None = None,
-    ) -> tuple[m.StepResponse, bool | str]:  # fmt: skip
-        """The reply to step `step_id` (older ones, of a push given up on, are skipped) and
-        whether the server pushed it on (True, or why not; False when not asked)."""
+    ) -> StepResponse:  # fmt: skip
+        """The reply to step `step_id` (older ones, of a push given up on, are skipped); its
+        `pushed` / `push_error` say whether the server pushed it on."""
         timeout = self.config.step_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
         n_states = self.hop.end_block - self.hop.start_block if states else 0
         while True:
             msg = await self._receive(max(deadline - time.monotonic(), 0.001))
             if msg.type == aiohttp.WSMsgType.TEXT:
-                obj = orjson.loads(msg.data)
-                if _older(obj.get("step_id") if isinstance(obj, dict) else None, step_id):
+                kind, obj = codec.read_text(msg.data)
+                if _older(codec.text_step_id(obj), step_id):
                     continue
-                self._raise_if_error(obj)
+                self._raise_if_error(kind, obj)
                 raise PeerUnavailable(f"{self.hop.peer_id}: unexpected text reply to a step")
-            params, tensors = decode_frame(msg.data)
-            if _older(params.get("step_id"), step_id):
+            frame = codec.Frame.read(msg.data)
+            if _older(frame.step_id, step_id):
                 continue
-            tensors = unpack(params, tensors, self.dtype)
-            reply = m.StepResponse.from_wire(params, tensors, donate=donate, states=n_states)
+            reply = frame.message(StepResponse, self.dtype, donate=donate, states=n_states)
             if reply.step_id != step_id:
                 raise PeerUnavailable(f"{self.hop.peer_id}: reply to step {reply.step_id}, "
                                       f"expected {step_id}")  # fmt: skip
-            error = params.get(PUSH_ERROR)
-            return reply, str(error) if error is not None else params.get(PUSHED) is True
+            return reply
 
     async def close(self) -> None:
         if not self.ws.closed:
@@ -286,6 +272,6 @@ class SpanSocket:
                 pass
 
 
-def _older(step_id: Any, expected: int) -> bool:
+def _older(step_id: int | None, expected: int) -> bool:
     """A reply to an earlier step than the one awaited (stale: skipped)."""
-    return isinstance(step_id, int) and not isinstance(step_id, bool) and step_id < expected
+    return step_id is not None and step_id < expected

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from drift.models.batch import BatchStep, run_steps
 from drift.server.chunks import forward_chunks, merge_grad_prompts, row_groups
 from drift.wire.checks import dtype_name
 from drift.wire.errors import BadRequest, ModelMismatch, PayloadTooLarge, SpanNotServed
@@ -43,6 +44,10 @@ class SpanBackend:
         self.hidden_size: int = int(span.config.hidden_size)
         self.num_model_blocks: int = int(span.config.num_hidden_layers)
         self.dtype_name = dtype_name(span.dtype)
+        # Plain decode steps: a lean (maybe compiled) unit, or None for the eager path; set by
+        # drift.server.compiled.attach_decode, with what /blocks shows of it.
+        self.decode: Any = None
+        self.decode_status: dict[str, Any] = {"mode": "eager", "reason": "--compile off"}
         # One worker per device: torch work never blocks the event loop, and runs in order.
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drift-compute")
 
@@ -91,6 +96,14 @@ class SpanBackend:
     async def run_chunk(self, fn: Callable[[], T]) -> T:
         self.chunks_run += 1
         return await self.run(fn)
+
+    def run_steps(self, steps: list[BatchStep]) -> list[torch.Tensor]:
+        """Batched plain steps of sessions (drift.server.batcher), on the compute thread: the
+        decode unit where it takes them, else drift.models.batch."""
+        if self.decode is not None and self.decode.takes(steps):
+            out: list[torch.Tensor] = self.decode.run(steps)
+            return out
+        return run_steps(steps)
 
     # The requests were validated at the wire edge (ForwardRequest/BackwardRequest.from_wire)
     # and by `check`: the span's trusted entries run them as they are. Plain requests run

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from drift.metrics import Histogram
-from drift.models.batch import BatchStep, batch_key, batchable, run_steps
+from drift.models.batch import BatchStep, batch_key, batchable
 from drift.models.session import SpanSession
 from drift.server.backend import SpanBackend
 
@@ -172,8 +172,8 @@ class StepBatcher:
                 groups.append((key, [item]))
         return [group for _, group in groups]
 
-    @staticmethod
-    def _run(group: list[_Queued]) -> None:
+    def _run(self, group: list[_Queued]) -> None:
+        run_steps = self.backend.run_steps  # the decode unit where it takes them (compiled.py)
         try:
             outs = run_steps([item.step for item in group])
         except Exception as exc:

@@ -23,6 +23,7 @@ from drift.models.span import ModelSpan
 from drift.node.runner import BEFORE_STOP
 from drift.server.adapters import load_adapters
 from drift.server.backend import SpanBackend
+from drift.server.compiled import attach_decode
 from drift.server.config import ServerConfig
 from drift.server.handoff import drain
 from drift.server.routes import add_server_routes
@@ -99,6 +100,7 @@ def load_server(
                           max_batch_size=config.max_batch_size, quant=quant,
                           max_request_tokens=config.max_request_tokens,
                           chunk_tokens=config.chunk_tokens)  # fmt: skip
+    attach_decode(backend, config.compile)  # compiled (if so) now: before any user's step
     throughput = config.throughput
     if throughput is None:
         key = throughput_key(device, ckpt.fingerprint, dtype, quant)

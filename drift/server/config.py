@@ -45,6 +45,10 @@ class ServerConfig:
     throughput: float | None = None  # block-tokens/s of one block; None: measured at start
     cache_dir: Path | None = None  # where the throughput measurement is cached (None: none)
     revision: str | None = None  # Hub revision of the model, when it comes from the Hub
+    # how plain decode steps (one token per session) run (drift.server.compiled): off = eager
+    # transformers; auto = the lean step (static KV room, layers called directly), compiled by
+    # torch.compile on accelerators; on = compiled everywhere (a CPU needs a C++ compiler)
+    compile: str = "auto"
     # LoRA adapters served beside the base blocks: (name, peft adapter directory or Hub id)
     adapters: tuple[tuple[str, str], ...] = ()
 

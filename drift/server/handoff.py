@@ -86,7 +86,7 @@ async def drain(server: BlockServer, node: MembershipNode, timeout_s: float) -> 
     if live:
         log.info("draining: handing %d session(s) over", len(live))
         await asyncio.gather(*(one(s) for s in live))
-    while loop.time() < deadline and any(sid in server.push.sockets for sid in hub.moved):
+    while loop.time() < deadline and not all(ws.closed for ws in hub.left_open.values()):
         await asyncio.sleep(0.05)
     log.info("drained: %d of %d session(s) handed over", len(hub.moved), len(live))
 
@@ -108,7 +108,7 @@ async def hand_over(server: BlockServer, node: MembershipNode, session: Session,
         return False
     hub.pending[sid] = event = asyncio.Event()
     try:
-        async with server.push.lock(sid):  # a step already under way finishes first
+        async with session.lock:  # a step already under way finishes first
             offer, pieces = await server.backend.run(_snapshot, session, node.peer_id)
         for record in candidates:
             left = deadline - asyncio.get_running_loop().time()
@@ -124,8 +124,9 @@ async def hand_over(server: BlockServer, node: MembershipNode, session: Session,
             moved = SessionMoved(record.addrs[0], record.peer_id, accepted.session_id,
                                  accepted.token)  # fmt: skip
             hub.moved[sid] = moved
-            ws = server.push.sockets.get(sid)
+            ws = session.socket
             if ws is not None:  # told now: an idle client reads it with its next step
+                hub.left_open[sid] = ws
                 await _send(ws, moved.to_wire())
             server.sessions.close(sid)  # the cache lives there now
             log.info("session %s handed to %s (%d bytes of K/V)", sid, record.peer_id,

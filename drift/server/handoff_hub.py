@@ -23,10 +23,12 @@ class HandoffHub:
     moved: dict[str, SessionMoved] = field(default_factory=dict)
     parked: dict[str, str] = field(default_factory=dict)  # session id -> resume token
     nonces: set[str] = field(default_factory=set)  # offers taken (a replayed one is refused)
+    # the client sockets of moved sessions, open until their clients leave for the new home
+    left_open: dict[str, web.WebSocketResponse] = field(default_factory=dict)
     draining: bool = False
 
     async def answer_moved(self, ws: web.WebSocketResponse, session_id: str | None,
-                           step_id: int | None) -> bool:  # fmt: skip
+                           step_id: object) -> bool:  # fmt: skip
         """Hook before a step: wait out a transfer of its session; True (and the client told
         where its session lives) when it moved."""
         if session_id is None:
@@ -37,7 +39,8 @@ class HandoffHub:
         moved = self.moved.get(session_id)
         if moved is None:
             return False
-        await _send(ws, replace(moved, step_id=step_id).to_wire())
+        step = step_id if isinstance(step_id, int) and not isinstance(step_id, bool) else None
+        await _send(ws, replace(moved, step_id=step).to_wire())
         return True
 
 

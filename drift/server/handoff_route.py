@@ -157,7 +157,7 @@ def _install(session: Session, offer: HandoffOffer, keys: dict[int, torch.Tensor
     span_session.position = offer.position
 
 
-def resume(server: BlockServer, obj: object) -> SessionOpened:
+def resume(server: BlockServer, obj: object, ws: web.WebSocketResponse) -> SessionOpened:
     """`resume` on an inference socket: the parked session it names, with its token."""
     req = ResumeSession.from_wire(obj)
     token = server.handoff.parked.get(req.session_id)
@@ -165,5 +165,5 @@ def resume(server: BlockServer, obj: object) -> SessionOpened:
         raise UnknownSession(f"no handed-over session {req.session_id} waits here")
     session = server.sessions.get(req.session_id)
     del server.handoff.parked[req.session_id]
-    session.last_used = time.monotonic()
+    session.last_used, session.socket = time.monotonic(), ws
     return SessionOpened(req.session_id, session.request.max_length)

@@ -16,6 +16,7 @@ from drift.models.checkpoint import Checkpoint, open_checkpoint
 from drift.models.span import ModelSpan
 from drift.server.adapters import load_adapters
 from drift.server.backend import SpanBackend
+from drift.server.compiled import attach_decode
 from drift.server.config import ServerConfig
 from drift.server.runtime import SpanRuntime
 from drift.server.sessions import SessionManager
@@ -38,6 +39,7 @@ async def prepare_move(current: SpanRuntime, config: ServerConfig, start_block: 
                           max_batch_size=old.max_batch_size, quant=old.quant,
                           max_request_tokens=old.max_request_tokens,
                           chunk_tokens=old.chunk_tokens)  # fmt: skip
+    await loop.run_in_executor(None, attach_decode, backend, config.compile)
     current.sessions.refusing = (
         f"this server is moving to blocks [{start_block}, {end_block}); open the session "
         "on another server or retry here in a moment"

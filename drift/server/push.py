@@ -1,6 +1,6 @@
-"""Server-to-server push (drift.wire.push): which socket each session replies on and the
-links this server pushes over (the /push WebSocket other servers push into is
-drift.server.push_route).
+"""Server-to-server push (drift.wire.push): the links this server pushes over and whom it
+pushes to (the /push WebSocket other servers push into is drift.server.push_route; each
+session's socket, lock and last step id are its `Session`'s, drift.server.sessions).
 
 A step that names `next` hops runs here, then goes on to the first hop over a persistent
 WebSocket to its /push (authenticated with the swarm key like any call, TLS bound to its
@@ -18,7 +18,7 @@ import logging
 from typing import Any
 
 import aiohttp
-from aiohttp import WSMsgType, web
+from aiohttp import WSMsgType
 
 from drift.node.membership import MembershipNode
 from drift.swarm.dial import peer_ssl
@@ -30,36 +30,6 @@ log = logging.getLogger(__name__)
 PUSH_PATH = "/push"
 CONNECT_TIMEOUT_S = 5.0  # opening a link to the next server (in the background)
 WAIT_S = 0.5  # how long a step's reply waits for its push to be sent on a kept link
-
-
-class PushHub:
-    """Per server: each session's client socket, the last step id each ran, a lock per
-    session (a relayed and a pushed step never run at once) and the outgoing links."""
-
-    def __init__(self) -> None:
-        self.sockets: dict[str, web.WebSocketResponse] = {}
-        self._last_step: dict[str, int] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
-        self.links = PeerLinks()
-
-    def attach(self, session_id: str, ws: web.WebSocketResponse) -> None:
-        self.sockets[session_id] = ws
-
-    def detach(self, session_id: str) -> None:
-        self.sockets.pop(session_id, None)
-        self._last_step.pop(session_id, None)
-        self._locks.pop(session_id, None)
-
-    def lock(self, session_id: str) -> asyncio.Lock:
-        return self._locks.setdefault(session_id, asyncio.Lock())
-
-    def admit(self, session_id: str, step_id: int, *, pushed: bool) -> bool:
-        """Whether to run this step: a pushed one only if newer than any the session ran."""
-        last = self._last_step.get(session_id, -1)
-        if pushed and step_id <= last:
-            return False
-        self._last_step[session_id] = max(last, step_id)
-        return True
 
 
 def check_member(node: MembershipNode, hop: NextHop) -> None:

@@ -12,17 +12,15 @@ import contextlib
 import functools
 from typing import TYPE_CHECKING
 
-import orjson
 from aiohttp import WSMsgType, web
 
 from drift.node.app import NODE
 from drift.node.membership import MembershipNode
 from drift.server.push import PUSH_PATH
 from drift.server.steps import serve_step
+from drift.wire.codec import Frame, encode_text
 from drift.wire.errors import BadRequest, Busy, DriftError, UnknownSession
-from drift.wire.frames import decode_frame
 from drift.wire.messages import ErrorMessage
-from drift.wire.push import pushed_session
 
 if TYPE_CHECKING:
     from drift.server.state import BlockServer
@@ -33,7 +31,7 @@ def add_push_route(app: web.Application, server: BlockServer) -> None:
     app.router.add_get(PUSH_PATH, functools.partial(_push_socket, server))
 
     async def _close_links(app: web.Application) -> None:
-        await server.push.links.close()
+        await server.links.close()
 
     app.on_shutdown.append(_close_links)
 
@@ -73,17 +71,18 @@ async def _push_socket(server: BlockServer, request: web.Request) -> web.WebSock
 async def _pushed(server: BlockServer, node: MembershipNode, link: web.WebSocketResponse,
                   data: bytes) -> None:  # fmt: skip
     try:
-        params, tensors = decode_frame(data)
-        session_id = pushed_session(params)
-        client = server.push.sockets.get(session_id)
+        frame = Frame.read(data)
+        session_id = frame.session_id()
+        session = server.sessions.sessions.get(session_id)
+        client = None if session is None else session.socket
         if client is None:
             raise UnknownSession(f"session {session_id} has no open socket here")
     except DriftError as exc:
         await _say(link, exc)
         return
-    await serve_step(server, node, client, session_id, params, tensors, pushed=True)
+    await serve_step(server, node, client, session_id, frame, pushed=True)
 
 
 async def _say(ws: web.WebSocketResponse, exc: DriftError) -> None:
     with contextlib.suppress(ConnectionError, RuntimeError):
-        await ws.send_str(orjson.dumps(ErrorMessage(exc.code, exc.message).to_wire()).decode())
+        await ws.send_str(encode_text(ErrorMessage(exc.code, exc.message)))

@@ -28,10 +28,10 @@ from drift.server.push_route import add_push_route
 from drift.server.state import BlockServer
 from drift.server.steps import serve_frame
 from drift.wire.checks import ACTIVATION_DTYPES
-from drift.wire.compress import WIRE_DTYPE, check_form, pack, unpack
+from drift.wire.codec import Frame, encode, encode_text, read_text
 from drift.wire.errors import BadRequest, Busy, DriftError, PayloadTooLarge
 from drift.wire.extend import EXTEND, ExtendSession
-from drift.wire.frames import MEDIA_TYPE, decode_frame, encode_frame
+from drift.wire.frames import MEDIA_TYPE
 from drift.wire.handoff import RESUME
 from drift.wire.messages import (
     BackwardRequest,
@@ -114,15 +114,18 @@ async def _compute(
             raise PayloadTooLarge(f"a plain-JSON body of {len(body)} bytes exceeds this server's "
                                   f"max_json_bytes={server.config.max_json_bytes}; send a tensor "
                                   "frame for larger inputs")  # fmt: skip
-        req = kind.from_json(_json(body), default_model=backend.fingerprint,
+        req = kind.from_json(read_text(body)[1], default_model=backend.fingerprint,
                              hidden_size=backend.hidden_size,
                              extras=backend.extra_spec)  # fmt: skip
     else:
-        params, tensors = decode_frame(body)
-        wire = check_form(params.get(WIRE_DTYPE))  # the reply travels packed as the request
-        tensors = unpack(params, tensors, ACTIVATION_DTYPES.get(backend.dtype_name, torch.float32))
-        req = kind.from_wire(params, tensors, hidden_size=backend.hidden_size,
-                             extras=backend.extra_spec)  # fmt: skip
+        frame = Frame.read(body)
+        wire = frame.form  # the reply travels packed as the request
+        req = frame.message(
+            kind,
+            ACTIVATION_DTYPES.get(backend.dtype_name, torch.float32),
+            hidden_size=backend.hidden_size,
+            extras=backend.extra_spec,
+        )
     result = await run(backend, req)
     server.metrics.forward_latency.observe(time.perf_counter() - started)
     server.metrics.processed(tokens_of(req.hidden_states), req.end_block - req.start_block,
@@ -133,9 +136,7 @@ async def _compute(
 def _reply(result: Any, is_json: bool, wire: str | None = None) -> web.Response:
     if is_json:
         return web.Response(body=orjson.dumps(result.to_json()), content_type="application/json")
-    params, tensors = result.to_wire()
-    tensors = pack(params, tensors, wire)
-    return web.Response(body=encode_frame(params, tensors), content_type=MEDIA_TYPE)
+    return web.Response(body=encode(result, wire), content_type=MEDIA_TYPE)
 
 
 async def _read_body(request: web.Request, limit: int, name: str) -> tuple[bytes, bool]:
@@ -153,13 +154,6 @@ def _is_json(content_type: str, body: bytes) -> bool:
     if content_type in (MEDIA_TYPE, "application/octet-stream"):
         return False
     return body.lstrip()[:1] == b"{"
-
-
-def _json(body: bytes) -> Any:
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"body is not valid JSON: {exc}") from exc
 
 
 async def _inference(request: web.Request) -> web.WebSocketResponse:
@@ -196,7 +190,6 @@ async def _inference(request: web.Request) -> web.WebSocketResponse:
         server.sockets.discard(ws)
         if state.session_id is not None:
             server.sessions.close(state.session_id)
-            server.push.detach(state.session_id)
     return ws
 
 
@@ -215,8 +208,7 @@ class _SocketState:
 async def _on_text(server: BlockServer, ws: web.WebSocketResponse, state: _SocketState,
                    data: str) -> None:  # fmt: skip
     try:
-        obj = _json(data.encode())
-        kind = obj.get("type") if isinstance(obj, dict) else None
+        kind, obj = read_text(data)
         if kind == "open":
             req = OpenSession.from_wire(obj)
             if state.session_id is not None:
@@ -224,17 +216,15 @@ async def _on_text(server: BlockServer, ws: web.WebSocketResponse, state: _Socke
             if state.bound and state.opened:
                 raise BadRequest("this socket's handshake was proven for one session; "
                                  "open a new socket for the next one")  # fmt: skip
-            session, opened = await server.sessions.open(req)
+            session, opened = await server.sessions.open(req, ws)
             state.session_id, state.opened = session.session_id, state.opened + 1
-            server.push.attach(session.session_id, ws)
             await _send(ws, opened.to_wire())
             return
         if kind == RESUME:  # a session handed over to this server (drift.server.handoff)
             if state.session_id is not None or state.opened:
                 raise BadRequest("resume a session on a new socket")
-            opened = resume(server, obj)
+            opened = resume(server, obj, ws)
             state.session_id, state.opened = opened.session_id, state.opened + 1
-            server.push.attach(opened.session_id, ws)
             await _send(ws, opened.to_wire())
             return
         if kind == EXTEND:
@@ -247,7 +237,6 @@ async def _on_text(server: BlockServer, ws: web.WebSocketResponse, state: _Socke
             CloseSession.from_wire(obj)
             if state.session_id is not None:
                 server.sessions.close(state.session_id)
-                server.push.detach(state.session_id)
                 state.session_id = None
             await _send(ws, {"type": "session_closed", "version": PROTOCOL_VERSION})
             return
@@ -262,7 +251,7 @@ async def _on_text(server: BlockServer, ws: web.WebSocketResponse, state: _Socke
 
 async def _send(ws: web.WebSocketResponse, obj: dict[str, Any]) -> None:
     with contextlib.suppress(ConnectionError, RuntimeError):
-        await ws.send_str(orjson.dumps(obj).decode())
+        await ws.send_str(encode_text(obj))
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:

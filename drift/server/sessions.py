@@ -1,14 +1,18 @@
 """Inference sessions: a KV cache per client over a (sub-)span, its budget, and its lifetime.
 
-`open` reserves cache room (or raises CacheFull) and fixes the session's `StepLimits`;
+A `Session` owns everything of one client's session: its cache, limits, the socket its
+replies go to, its step lock and the last step id it ran; closing it (`close`, `reap`) is one
+call that leaves nothing behind. `open` reserves cache room (or raises CacheFull) and fixes
+the session's `StepLimits`;
 `step` runs a step the wire edge already validated against them (StepRequest.from_wire) on
 the compute thread, `close` frees it; `reap` closes sessions idle past the timeout. A session
 applies its served LoRA adapter (named at open) and the LoRA weights its last step carrying
-any sent (a client's trained ones, sent once). Knows nothing about WebSockets.
+any sent (a client's trained ones, sent once). Holds its socket but never touches it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import logging
@@ -42,6 +46,21 @@ class Session:
     last_used: float = field(default_factory=time.monotonic)
     busy: bool = False  # a step is running: never reaped mid-step
     lora: dict[str, torch.Tensor] = field(default_factory=dict)  # LoRA weights sent by a step
+    socket: Any = None  # its client's WebSocket: every reply goes there, pushed ones too
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # a relayed and a pushed step
+    last_step: int = -1  # never run at once; the newest step id it ran
+
+    @property
+    def n_blocks(self) -> int:
+        return self.request.end_block - self.request.start_block
+
+    def admit(self, step_id: int, *, pushed: bool) -> bool:
+        """Whether to run this step: a pushed one only if newer than any the session ran (a
+        client that gave up on a push relays the step itself)."""
+        if pushed and step_id <= self.last_step:
+            return False
+        self.last_step = max(self.last_step, step_id)
+        return True
 
 
 class SessionManager:
@@ -63,7 +82,9 @@ class SessionManager:
         # plain steps of concurrent sessions, batched
         self.batcher = StepBatcher(backend, wait_s=batch_wait_s)
 
-    async def open(self, req: OpenSession) -> tuple[Session, SessionOpened]:
+    async def open(self, req: OpenSession, socket: Any = None) -> tuple[Session, SessionOpened]:
+        """A new session replying on `socket`; Busy, UnknownAdapter, LengthExceeded or
+        CacheFull when it cannot be."""
         if self.refusing is not None:
             raise Busy(self.refusing)
         self.backend.check(req.model, req.start_block, req.end_block, req.batch_size)
@@ -84,7 +105,7 @@ class SessionManager:
         limits = StepLimits(self.backend.hidden_size, req.batch_size, req.max_length,
                             n_blocks, ACTIVATION_DTYPES[req.dtype],
                             self.backend.extra_spec(req.start_block, req.end_block))  # fmt: skip
-        session = Session(secrets.token_hex(8), req, limits, cache, reserved)
+        session = Session(secrets.token_hex(8), req, limits, cache, reserved, socket=socket)
         self.sessions[session.session_id] = session
         log.debug("opened session %s: %s", session.session_id, req)
         return session, SessionOpened(session.session_id, req.max_length)
@@ -178,10 +199,12 @@ class SessionManager:
         return out.to("cpu")
 
     def close(self, session_id: str) -> None:
+        """Free the session (its cache room, its cache, its socket's part in it)."""
         session = self.sessions.pop(session_id, None)
         if session is None:
             return
         self.budget.release(session.reserved)
+        session.socket = None
         self.backend.executor.submit(session.cache.close)
         log.debug("closed session %s", session_id)
 

@@ -21,7 +21,7 @@ from drift.server.config import ServerConfig
 from drift.server.handoff_hub import HandoffHub
 from drift.server.metrics import ServerMetrics
 from drift.server.move import DRAIN_TIMEOUT_S, prepare_move
-from drift.server.push import PushHub
+from drift.server.push import PeerLinks
 from drift.server.runtime import SpanRuntime
 from drift.server.sessions import SessionManager
 from drift.swarm import BlocksInfo
@@ -56,7 +56,7 @@ class BlockServer:
                                                 lambda: self.sessions.batcher.drains_failed),
         })  # fmt: skip
         self.sockets: set[web.WebSocketResponse] = set()  # inference sockets and push links
-        self.push = PushHub()  # each session's socket, and the links this server pushes over
+        self.links = PeerLinks()  # the links this server pushes steps over
         self.handoff = HandoffHub()  # sessions handed over (drift.server.handoff)
         self.state = "online"
         self.moving_to: tuple[int, int] | None = None  # the span a running move_to loads
@@ -113,7 +113,7 @@ class BlockServer:
             max_batch_size=self.config.max_batch_size,
             inference_max_length=self.config.inference_max_length,
             max_body_bytes=self.config.max_body_bytes, state=self.state,
-            adapters=sorted(b.span.adapters),
+            adapters=sorted(b.span.adapters), decode=dict(b.decode_status),
         )  # fmt: skip
 
     def record_fields(self) -> dict[str, Any]:

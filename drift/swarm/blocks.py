@@ -37,6 +37,8 @@ class BlocksInfo:
     max_body_bytes: int  # largest request body or WebSocket message
     state: str  # joining | online | offline
     adapters: list[str] = field(default_factory=list)  # LoRA adapters served, by name
+    # how decode steps run: mode (eager | lean | compiled), reason, compile_s (warm-up seconds)
+    decode: dict[str, Any] = field(default_factory=dict)
 
     def to_wire(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -15,67 +15,16 @@ from typing import Any
 import torch
 
 from drift.wire import checks as c
+from drift.wire import fields as f
+from drift.wire.codec import decode, encode  # noqa: F401  (re-exported: frame bytes)
 from drift.wire.errors import BadRequest, BadTensor
-from drift.wire.extras import (
-    BLOCK_STATES,
-    GRAD_PREFIX,
-    NO_EXTRAS,
-    ExtraSpec,
-    grad_name,
-    kv_names,
-    reply_shape,
-    states_shape,
-)
-from drift.wire.frames import decode_frame, encode_frame
+from drift.wire.extras import BLOCK_STATES, GRAD_PREFIX, NO_EXTRAS, ExtraSpec, grad_name
 from drift.wire.lora import adapter_param
+from drift.wire.step import StepRequest, StepResponse  # noqa: F401  (re-exported)
 from drift.wire.version import PROTOCOL_VERSION
 
 Tensors = dict[str, torch.Tensor]
 SpecFor = Callable[[int, int], ExtraSpec]  # (start_block, end_block) -> what that span takes
-
-
-def _head(kind: str, **fields: Any) -> dict[str, Any]:
-    return {"type": kind, "version": PROTOCOL_VERSION, **fields}
-
-
-def _tensors(**named: torch.Tensor | None) -> Tensors:
-    return {name: t for name, t in named.items() if t is not None}
-
-
-def _nested(t: torch.Tensor | None) -> Any:
-    return None if t is None else t.detach().float().cpu().tolist()
-
-
-def _with_donate(
-    params: dict[str, Any], donate: tuple[int, ...], states: bool = False
-) -> dict[str, Any]:
-    """`donate` and `block_states` only when asked: other frames stay byte-identical."""
-    if donate:
-        params["donate"] = list(donate)
-    if states:
-        params[BLOCK_STATES] = True
-    return params
-
-
-def _split(tensors: Tensors, base: tuple[str, ...]) -> tuple[Tensors, Tensors]:
-    """(the message's own tensors, the named extras beside them)."""
-    own = {k: v for k, v in tensors.items() if k in base}
-    return own, {k: v for k, v in tensors.items() if k not in base}
-
-
-def _reply_extras(
-    tensors: Tensors, names: tuple[str, ...], hidden: torch.Tensor, states: int = 0
-) -> Tensors:
-    """A reply's named extras: exactly `names` (+ the `states` blocks' outputs when > 0),
-    batch and tokens those of `hidden`."""
-    specs = tuple((name, reply_shape(name.removeprefix(GRAD_PREFIX))) for name in names)
-    if states:
-        specs += ((BLOCK_STATES, states_shape(states, hidden.shape[-1])),)
-    return c.check_named(tensors, specs, batch=hidden.shape[0], tokens=hidden.shape[1])
-
-
-def _donated_names(donate: tuple[int, ...]) -> tuple[str, ...]:
-    return tuple(name for block in donate for name in kv_names(block))
 
 
 @dataclass(frozen=True)
@@ -105,7 +54,7 @@ class ForwardRequest:
         start, end = c.get_span(params)
         spec = extras(start, end) if extras is not None else NO_EXTRAS
         c.no_extra_tensors(tensors, cls.TENSORS + spec.input_names())
-        own, named = _split(tensors, cls.TENSORS)
+        own, named = f.split(tensors, cls.TENSORS)
         inputs = c.check_pass(c.tensor(own, "hidden_states"), own.get("attention_mask"),
                               own.get("prompts"), hidden_size=hidden_size, n_blocks=end - start,
                               extras=named, spec=spec)  # fmt: skip
@@ -123,9 +72,9 @@ class ForwardRequest:
         )
 
     def to_wire(self) -> tuple[dict[str, Any], Tensors]:
-        params = _head("forward", model=self.model, start_block=self.start_block,
+        params = f.head("forward", model=self.model, start_block=self.start_block,
                        end_block=self.end_block, **adapter_param(self.adapter))  # fmt: skip
-        return _with_donate(params, self.donate, self.block_states), _tensors(
+        return f.with_donate(params, self.donate, self.block_states), f.present(
             hidden_states=self.hidden_states,
             attention_mask=self.attention_mask,
             prompts=self.prompts,
@@ -194,9 +143,9 @@ class BackwardRequest:
         )
 
     def to_wire(self) -> tuple[dict[str, Any], Tensors]:
-        params = _head("backward", model=self.model, start_block=self.start_block,
+        params = f.head("backward", model=self.model, start_block=self.start_block,
                        end_block=self.end_block, **adapter_param(self.adapter))  # fmt: skip
-        return params, _tensors(
+        return params, f.present(
             hidden_states=self.hidden_states,
             grad_outputs=self.grad_outputs,
             attention_mask=self.attention_mask,
@@ -229,18 +178,18 @@ class ForwardResponse:
         """`donate`: the blocks whose K/V the request asked back (exactly those come);
         `states`: how many blocks' outputs it asked for (0: not asked)."""
         c.check_version(params)
-        own, named = _split(tensors, ("hidden_states",))
+        own, named = f.split(tensors, ("hidden_states",))
         hidden = c.check_activation("hidden_states", c.tensor(own, "hidden_states"), rank=3,
                                     hidden_size=None)  # fmt: skip
-        return cls(hidden, _reply_extras(named, _donated_names(donate), hidden, states))
+        return cls(hidden, f.reply_extras(named, f.donated_names(donate), hidden, states))
 
     def to_wire(self) -> tuple[dict[str, Any], Tensors]:
-        return _head("forward_result"), {"hidden_states": self.hidden_states, **self.extras}
+        return f.head("forward_result"), {"hidden_states": self.hidden_states, **self.extras}
 
     def to_json(self) -> dict[str, Any]:
-        out = {"hidden_states": _nested(self.hidden_states)}
+        out = {"hidden_states": f.nested(self.hidden_states)}
         if BLOCK_STATES in self.extras:
-            out[BLOCK_STATES] = _nested(self.extras[BLOCK_STATES])
+            out[BLOCK_STATES] = f.nested(self.extras[BLOCK_STATES])
         return out
 
 
@@ -256,24 +205,24 @@ class BackwardResponse:
     ) -> BackwardResponse:
         """`extras`: the names of the request's extras (a gradient comes for each)."""
         c.check_version(params)
-        own, named = _split(tensors, ("grad_inputs", "grad_prompts"))
+        own, named = f.split(tensors, ("grad_inputs", "grad_prompts"))
         grad = c.check_activation("grad_inputs", c.tensor(own, "grad_inputs"), rank=3,
                                   hidden_size=None)  # fmt: skip
         prompts = own.get("grad_prompts")
         if prompts is not None:
             prompts = c.check_activation("grad_prompts", prompts, rank=4, hidden_size=None)
-        grads = _reply_extras(named, tuple(grad_name(n) for n in extras), grad)
+        grads = f.reply_extras(named, tuple(grad_name(n) for n in extras), grad)
         return cls(grad, prompts, {k.removeprefix(GRAD_PREFIX): v for k, v in grads.items()})
 
     def to_wire(self) -> tuple[dict[str, Any], Tensors]:
-        return _head("backward_result"), _tensors(
+        return f.head("backward_result"), f.present(
             grad_inputs=self.grad_inputs, grad_prompts=self.grad_prompts,
             **{grad_name(k): v for k, v in self.grad_extras.items()},
         )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
-        return {"grad_inputs": _nested(self.grad_inputs),
-                "grad_prompts": _nested(self.grad_prompts)}  # fmt: skip
+        return {"grad_inputs": f.nested(self.grad_inputs),
+                "grad_prompts": f.nested(self.grad_prompts)}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -306,7 +255,7 @@ class OpenSession:
         )
 
     def to_wire(self) -> dict[str, Any]:
-        return _head("open", model=self.model, start_block=self.start_block,
+        return f.head("open", model=self.model, start_block=self.start_block,
                      end_block=self.end_block, max_length=self.max_length,
                      batch_size=self.batch_size, dtype=self.dtype,
                      **adapter_param(self.adapter))  # fmt: skip
@@ -323,7 +272,7 @@ class SessionOpened:
         return cls(c.get_str(obj, "session_id"), c.get_int(obj, "max_length", low=1))
 
     def to_wire(self) -> dict[str, Any]:
-        return _head("session_opened", session_id=self.session_id, max_length=self.max_length)
+        return f.head("session_opened", session_id=self.session_id, max_length=self.max_length)
 
 
 @dataclass(frozen=True)
@@ -336,95 +285,7 @@ class CloseSession:
         return cls()
 
     def to_wire(self) -> dict[str, Any]:
-        return _head("close")
-
-
-@dataclass(frozen=True)
-class StepRequest:
-    """One inference step: new tokens' hidden states at `position` (< cache length rolls back)."""
-
-    step_id: int
-    position: int  # where these tokens start in the sequence
-    hidden_states: torch.Tensor  # [B, T, H]
-    hypo_ids: torch.Tensor | None = None  # [B] int64: reorder cache rows first (beam search)
-    attention_mask: torch.Tensor | None = None  # [B, T] of the new tokens
-    prompts: torch.Tensor | None = None  # [n_blocks, B, P, H]
-    extras: Tensors = field(default_factory=dict)  # per-layer inputs, consumed K/V (extras.py)
-    donate: tuple[int, ...] = ()  # blocks whose shared K/V (new positions) the reply carries
-    block_states: bool = False  # the reply carries each block's output (extras.BLOCK_STATES)
-
-    TENSORS = ("hidden_states", "hypo_ids", "attention_mask", "prompts")
-
-    @classmethod
-    def from_wire(
-        cls, params: dict[str, Any], tensors: Tensors, *, hidden_size: int | None = None,
-        limits: c.StepLimits | None = None,
-    ) -> StepRequest:  # fmt: skip
-        """Validated once: structure, and the session's promises when `limits` are given
-        (the server passes its session's), so the session and the span trust it."""
-        c.check_version(params)
-        if params.get("type") != "step":
-            raise BadRequest(f"expected a 'step' frame, got type {params.get('type')!r}")
-        spec = limits.extras if limits is not None else NO_EXTRAS
-        c.no_extra_tensors(tensors, cls.TENSORS + spec.input_names())
-        position = c.get_int(params, "position")
-        own, named = _split(tensors, cls.TENSORS)
-        inputs = c.check_pass(
-            c.tensor(own, "hidden_states"), own.get("attention_mask"),
-            own.get("prompts"), hypo_ids=own.get("hypo_ids"),
-            hidden_size=limits.hidden_size if limits is not None else hidden_size,
-            n_blocks=limits.n_blocks if limits is not None else None, extras=named, spec=spec,
-        )  # fmt: skip
-        if limits is not None:
-            c.check_step_limits(inputs, position, limits)
-        return cls(
-            step_id=c.get_int(params, "step_id"),
-            position=position,
-            hidden_states=inputs.hidden,
-            hypo_ids=inputs.hypo_ids,
-            attention_mask=inputs.attention_mask,
-            prompts=inputs.prompts,
-            extras=inputs.extras,
-            donate=c.get_donate(params, spec),
-            block_states=c.get_flag(params, BLOCK_STATES),
-        )
-
-    def to_wire(self) -> tuple[dict[str, Any], Tensors]:
-        params = _head("step", step_id=self.step_id, position=self.position)
-        return _with_donate(params, self.donate, self.block_states), _tensors(
-            hidden_states=self.hidden_states,
-            hypo_ids=self.hypo_ids,
-            attention_mask=self.attention_mask,
-            prompts=self.prompts,
-            **self.extras,
-        )
-
-
-@dataclass(frozen=True)
-class StepResponse:
-    step_id: int
-    hidden_states: torch.Tensor  # [B, T, H]
-    extras: Tensors = field(default_factory=dict)  # donated K/V of the new positions, by name
-
-    @classmethod
-    def from_wire(
-        cls, params: dict[str, Any], tensors: Tensors, *, donate: tuple[int, ...] = (),
-        states: int = 0,
-    ) -> StepResponse:  # fmt: skip
-        """`donate`: the blocks whose K/V the step asked back (exactly those come);
-        `states`: how many blocks' outputs it asked for (0: not asked)."""
-        c.check_version(params)
-        own, named = _split(tensors, ("hidden_states",))
-        hidden = c.check_activation("hidden_states", c.tensor(own, "hidden_states"), rank=3,
-                                    hidden_size=None)  # fmt: skip
-        extras = _reply_extras(named, _donated_names(donate), hidden, states)
-        return cls(c.get_int(params, "step_id"), hidden, extras)
-
-    def to_wire(self) -> tuple[dict[str, Any], Tensors]:
-        return _head("step_result", step_id=self.step_id), {
-            "hidden_states": self.hidden_states,
-            **self.extras,
-        }
+        return f.head("close")
 
 
 @dataclass(frozen=True)
@@ -445,22 +306,10 @@ class ErrorMessage:
         return cls(c.get_str(obj, "code"), message if isinstance(message, str) else "", step_id)
 
     def to_wire(self) -> dict[str, Any]:
-        out = _head("error", code=self.code, message=self.message)
+        out = f.head("error", code=self.code, message=self.message)
         if self.step_id is not None:
             out["step_id"] = self.step_id
         return out
-
-
-def encode(message: Any) -> bytes:
-    """A tensor-bearing message as frame bytes."""
-    params, tensors = message.to_wire()
-    return encode_frame(params, tensors)
-
-
-def decode(cls: Any, body: bytes, **expect: Any) -> Any:
-    """Frame bytes -> a validated message of `cls` (expect: e.g. hidden_size=...)."""
-    params, tensors = decode_frame(body)
-    return cls.from_wire(params, tensors, **expect)
 
 
 def _typed_object(obj: Any, kind: str, *, check_version: bool = True) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 A client's step frame may carry `next`: the spans after this one, each as `{"addr",
 "peer_id", "session_id", "step_id"}`. The server runs the step, forwards its output to the
 first of them (over a /push WebSocket, the frame's `session_id` naming the session there
-and `next` the rest), and replies to the client as usual, its reply saying `pushed: true`
+and `next` the rest: `StepRequest.onward`, drift.wire.step), and replies to the client as usual, its reply saying `pushed: true`
 or `push_error: <why>`. Each server of the chain replies to the client on that session's
 own socket, so the client sees every span's output (its history, for replay) while only the
 first step crossed its uplink. Knows nothing about sockets.
@@ -58,17 +58,6 @@ def parse_next(params: dict[str, Any]) -> tuple[NextHop, ...]:
         hops.append(NextHop(addr, c.get_str(item, "peer_id"),
                             c.get_str(item, SESSION), c.get_int(item, "step_id")))  # fmt: skip
     return tuple(hops)
-
-
-def onward_params(params: dict[str, Any], hops: tuple[NextHop, ...]) -> dict[str, Any]:
-    """The params of the step pushed to `hops[0]`: this step's, re-addressed to its session
-    and step id, naming the hops after it."""
-    first, rest = hops[0], hops[1:]
-    out = {k: v for k, v in params.items() if k not in (NEXT, SESSION, "step_id")}
-    out.update(step_id=first.step_id, session_id=first.session_id)
-    if rest:
-        out[NEXT] = [hop.to_wire() for hop in rest]
-    return out
 
 
 def pushed_session(params: dict[str, Any]) -> str:

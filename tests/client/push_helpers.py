@@ -30,7 +30,7 @@ async def wait_all_know_each_other(swarm: Swarm, timeout_s: float = 20.0) -> Non
 
 def links(swarm: Swarm) -> list[int]:
     """How many push links each server holds open."""
-    return [len(s.server.push.links._links) for s in swarm.servers]
+    return [len(s.server.links._links) for s in swarm.servers]
 
 
 def decode(model, steps: int = 6) -> tuple[torch.Tensor, torch.Tensor]:

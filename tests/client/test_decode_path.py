@@ -6,6 +6,7 @@ import asyncio
 
 import torch
 
+from drift.wire.errors import LengthExceeded
 from tests.server.reference import load_reference
 
 
@@ -30,3 +31,32 @@ async def test_logits_to_keep_matches_local(tiny_dirs, swarm_model):
 
     _, model = await swarm_model(model_dir, [(0, 2), (2, 4)])
     await asyncio.to_thread(check, model)
+
+
+async def test_rollback_is_the_sessions_and_recomputes_exactly(tiny_dirs, swarm_model):
+    """The session owns its position: rolling back (RemoteCache.crop, or `position =` as in
+    Petals) re-runs from there with the servers' caches overwritten; never forward."""
+    model_dir = tiny_dirs("llama")
+    local = load_reference(model_dir)
+    hidden = torch.randn(1, 6, local.config.hidden_size, generator=torch.Generator().manual_seed(5))
+    _, model = await swarm_model(model_dir, [(0, 2), (2, 4)])
+
+    def check():
+        with torch.no_grad(), model.open_session(max_length=8) as session:
+            first = session.step(hidden)
+            session.rollback(2)
+            assert session.position == 2
+            again = session.step(hidden[:, 2:] * 0.5)
+            assert session.position == 6
+            try:
+                session.position = 7
+            except LengthExceeded:
+                pass
+            else:
+                raise AssertionError("a position past the session's was taken")
+        with torch.no_grad(), model.open_session(max_length=8) as fresh:
+            want = fresh.step(torch.cat([hidden[:, :2], hidden[:, 2:] * 0.5], dim=1))
+        assert (first[:, :2] - want[:, :2]).abs().max() < 1e-5
+        assert (again - want[:, 2:]).abs().max() < 1e-5
+
+    await asyncio.to_thread(check)

@@ -55,19 +55,21 @@ async def test_server_refuses_to_push_to_a_non_member(tiny_dirs, swarms, sdk_mod
             width = first.server.backend.hidden_size
             hidden = torch.randn(1, 1, width)
             stranger = NextHop(second.url, "12D3KooWNotAMemberOfThisSwarmAtAll", "ab" * 8, 1)
-            req = m.StepRequest(sock.next_step_id(), 0, hidden)
-            await sock.send(req, (stranger,))
+            req = m.StepRequest(sock.next_step_id(), 0, hidden, next_hops=(stranger,))
+            await sock.send(req)
             with pytest.raises(PushRefused, match="12D3KooWNotAMemberOfThisSwarmAtAll"):
                 await sock.receive(req.step_id)
             # a member at an address its record does not announce: refused too
             elsewhere = NextHop("http://127.0.0.1:9", second.node.peer_id, "ab" * 8, 2)
-            req = m.StepRequest(sock.next_step_id(), 0, hidden)
-            await sock.send(req, (elsewhere,))
+            req = m.StepRequest(sock.next_step_id(), 0, hidden, next_hops=(elsewhere,))
+            await sock.send(req)
             with pytest.raises(PushRefused, match="announces"):
                 await sock.receive(req.step_id)
             # a step whose extras or block states the client must route is not pushed
-            req = m.StepRequest(sock.next_step_id(), 0, hidden, block_states=True)
-            await sock.send(req, (NextHop(second.url, second.node.peer_id, "ab" * 8, 3),))
+            later = (NextHop(second.url, second.node.peer_id, "ab" * 8, 3),)
+            req = m.StepRequest(sock.next_step_id(), 0, hidden, block_states=True,
+                                next_hops=later)  # fmt: skip
+            await sock.send(req)
             with pytest.raises(BadRequest, match="cannot be pushed"):
                 await sock.receive(req.step_id, states=True)
             # the session still serves a plain step

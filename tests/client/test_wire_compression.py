@@ -35,7 +35,7 @@ async def test_steps_forward_backward_compressed(tiny_dirs, swarms, sdk_models, 
         with torch.no_grad():
             ref = local(ids[:, :-1]).logits[:, IDS.shape[1] - 1 :]
         assert 0 < (logits - ref).abs().max() < BOUND[form]  # compressed, and close
-    assert [len(s.server.push.links._links) for s in swarm.servers] == [1, 1, 0]
+    assert [len(s.server.links._links) for s in swarm.servers] == [1, 1, 0]
 
     def train(model) -> tuple[torch.Tensor, torch.Tensor]:
         embeds = model.get_input_embeddings()(IDS).detach().requires_grad_(True)

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
+from drift.wire import codec
 from drift.wire.errors import BadRequest
-from drift.wire.push import MAX_HOPS, NEXT, NextHop, onward_params, parse_next
+from drift.wire.frames import decode_frame
+from drift.wire.push import MAX_HOPS, NEXT, PUSH_ERROR, PUSHED, SESSION, NextHop, parse_next
+from drift.wire.step import StepRequest, StepResponse
 
 HOP = {"addr": "http://127.0.0.1:1234/", "peer_id": "12D3KooWPeer", "session_id": "s1",
        "step_id": 7}  # fmt: skip
@@ -15,12 +19,46 @@ def test_parse_and_onward():
     assert parse_next({}) == ()
     two = parse_next({NEXT: [HOP, dict(HOP, peer_id="12D3KooWOther", step_id=3)]})
     assert two[0] == NextHop("http://127.0.0.1:1234", "12D3KooWPeer", "s1", 7)
-    params = {"type": "step", "version": "1.0", "step_id": 1, "position": 4, NEXT: []}
-    first = onward_params(params, two)
-    assert first["step_id"] == 7 and first["session_id"] == "s1" and first["position"] == 4
-    assert first[NEXT] == [two[1].to_wire()]
-    last = onward_params(first, two[1:])
-    assert NEXT not in last and last["step_id"] == 3 and last["type"] == "step"
+    hidden, out = torch.randn(1, 2, 8), torch.randn(1, 2, 8)
+    mask = torch.ones(1, 2, dtype=torch.int64)
+    step = StepRequest(1, 4, hidden, attention_mask=mask, next_hops=two)
+    first = step.onward(out)
+    assert (first.step_id, first.session_id, first.position) == (7, "s1", 4)
+    assert first.next_hops == two[1:] and first.hidden_states is out
+    assert torch.equal(first.attention_mask, mask)
+    last = first.onward(hidden)
+    assert last.next_hops == () and last.step_id == 3 and last.session_id == "s1"
+
+
+def test_push_fields_travel_typed_under_their_old_names():
+    """`next`, `session_id`, `pushed`, `push_error` keep their wire names (earlier peers read
+    them) and come back as typed fields, validated in from_wire."""
+    hops = parse_next({NEXT: [HOP]})
+    step = StepRequest(2, 0, torch.randn(1, 1, 8), next_hops=hops, session_id="s0")
+    params, _ = decode_frame(codec.encode(step, "float16"))
+    assert params[NEXT] == [hops[0].to_wire()] and params[SESSION] == "s0"
+    back = codec.decode(StepRequest, codec.encode(step, "float16"))
+    assert back.next_hops == hops and back.session_id == "s0"
+    plain = decode_frame(codec.encode(StepRequest(2, 0, torch.randn(1, 1, 8))))[0]
+    assert NEXT not in plain and SESSION not in plain
+    for reply in (StepResponse(2, torch.randn(1, 1, 8), pushed=True),
+                  StepResponse(2, torch.randn(1, 1, 8), push_error="no link")):  # fmt: skip
+        params, _ = decode_frame(codec.encode(reply))
+        assert params.get(PUSHED) is (True if reply.pushed else None)
+        assert params.get(PUSH_ERROR) == reply.push_error
+        got = codec.decode(StepResponse, codec.encode(reply))
+        assert (got.pushed, got.push_error) == (reply.pushed, reply.push_error)
+
+
+def test_a_pushed_step_must_be_plain():
+    hops = parse_next({NEXT: [HOP]})
+    step = StepRequest(2, 0, torch.randn(1, 1, 8), block_states=True, next_hops=hops)
+    with pytest.raises(BadRequest, match="cannot be pushed"):
+        codec.decode(StepRequest, codec.encode(step))
+    bad = StepResponse(2, torch.randn(1, 1, 8))
+    params, tensors = bad.to_wire()
+    with pytest.raises(BadRequest, match=PUSHED):
+        StepResponse.from_wire(dict(params, **{PUSHED: "yes"}), tensors)
 
 
 @pytest.mark.parametrize(("value", "match"), [

@@ -1,0 +1,190 @@
+"""The lean decode step (drift.models.static_step) against transformers and the eager path.
+
+Float32 logits within 1e-4 of the full transformers model over several decode steps, alone
+and batched with another session of another length and left padding, through rollback and a
+beam reorder; bfloat16 within bf16's tolerance; families it does not cover are refused (the
+server then runs them eagerly).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache
+
+from drift.models.batch import BatchStep
+from drift.models.checkpoint import Checkpoint
+from drift.models.head import ClientHead
+from drift.models.span import ModelSpan
+from drift.models.static_step import LeanDecoder, refusal
+from drift.server.compiled import DecodeUnit
+from tests.models.tiny_spans import SPLITS, make_tiny
+
+LEAN = ("llama", "qwen2", "qwen3")
+NOT_LEAN = ("mistral", "gemma2", "gemma3_text", "mixtral", "qwen3_moe", "falcon", "bloom")
+
+
+def _lean_logits(tiny, ids: torch.Tensor, steps: int, mask: torch.Tensor | None = None):
+    """Greedy decode through the two spans: prefill eager, then `steps` lean steps; returns
+    each step's logits [B, V] and the reference's, for the same tokens."""
+    decoders = [LeanDecoder(span) for span in tiny.spans]
+    sessions = [span.new_session(batch_size=ids.shape[0], max_length=64) for span in tiny.spans]
+    cache = DynamicCache(config=tiny.reference.config)
+    ours, theirs = [], []
+    with torch.no_grad():
+        hidden = tiny.head.embed(ids)
+        for s in sessions:
+            hidden = s.run(0, hidden, attention_mask=mask)[0]
+        full_mask = mask
+        ref = tiny.reference(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True)
+        nxt = ref.logits[:, -1].argmax(-1, keepdim=True)
+        for _ in range(steps):
+            if full_mask is not None:
+                full_mask = torch.cat([full_mask, torch.ones_like(nxt)], dim=1)
+            ref = tiny.reference(input_ids=nxt, attention_mask=full_mask, cache=cache,
+                                 use_cache=True)  # fmt: skip
+            hidden = tiny.head.embed(nxt)
+            for s, d in zip(sessions, decoders, strict=True):
+                hidden = d.run([BatchStep(s, s.position, hidden)])[0]
+            ours.append(tiny.head.logits(hidden)[:, -1])
+            theirs.append(ref.logits[:, -1])
+            nxt = theirs[-1].argmax(-1, keepdim=True)
+    return ours, theirs
+
+
+@pytest.mark.parametrize("family", LEAN)
+def test_lean_steps_match_transformers(family, tiny_dirs) -> None:
+    tiny = make_tiny(family, tiny_dirs[family])
+    assert all(refusal(span) is None for span in tiny.spans)
+    ids = torch.tensor([[3, 17, 42, 99, 7], [5, 5, 11, 23, 200]])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    for m in (None, mask):
+        ours, theirs = _lean_logits(tiny, ids, 6, m)
+        worst = max((a - b).abs().max().item() for a, b in zip(ours, theirs, strict=True))
+        assert worst < 1e-4, (family, m is not None, worst)
+
+
+@pytest.mark.parametrize("family", NOT_LEAN)
+def test_other_families_are_refused_and_stay_eager(family, tiny_dirs) -> None:
+    ckpt = Checkpoint(tiny_dirs[family])
+    span = ModelSpan.load(ckpt, 0, SPLITS[family])
+    assert refusal(span) is not None
+    unit, status = DecodeUnit.build(span, "auto")
+    assert unit is None and status.mode == "eager" and "not covered" in status.reason
+
+
+def test_batched_sessions_of_other_lengths_equal_each_alone(tiny_dirs) -> None:
+    """Two sessions with different pasts in one lean step: each as its own eager step."""
+    span = make_tiny("llama", tiny_dirs["llama"]).spans[1]
+    gen = torch.Generator().manual_seed(0)
+    lean, eager = [], []
+    for past in (3, 9):
+        x = torch.randn(1, past, 64, generator=gen)
+        for group in (lean, eager):
+            s = span.new_session(batch_size=1, max_length=32)
+            s.run(0, x)
+            group.append(s)
+    decoder = LeanDecoder(span)
+    for _ in range(5):
+        xs = [torch.randn(1, 1, 64, generator=gen) for _ in lean]
+        got = decoder.run([BatchStep(s, s.position, x) for s, x in zip(lean, xs, strict=True)])
+        for s, x, g in zip(eager, xs, got, strict=True):
+            ref = s.run(s.position, x)[0]
+            assert (g - ref).abs().max() < 1e-5
+    assert [s.position for s in lean] == [8, 14]
+
+
+def test_rollback_reorder_and_eager_steps_between_lean_ones(tiny_dirs) -> None:
+    """The lean step's preallocated keys stay the session's cache: a rollback, a beam reorder
+    and an eager multi-token step in between leave it as exact as eager steps throughout."""
+    span = make_tiny("qwen3", tiny_dirs["qwen3"]).spans[0]
+    decoder = LeanDecoder(span)
+    gen = torch.Generator().manual_seed(1)
+    a, b = (span.new_session(batch_size=2, max_length=40) for _ in range(2))
+    x = torch.randn(2, 4, 64, generator=gen)
+    a.run(0, x)
+    b.run(0, x)
+
+    def both(step_a, step_b) -> None:
+        assert (step_a() - step_b()).abs().max() < 1e-5
+
+    for _ in range(3):
+        y = torch.randn(2, 1, 64, generator=gen)
+        both(lambda y=y: decoder.run([BatchStep(a, a.position, y)])[0],
+             lambda y=y: b.run(b.position, y)[0])  # fmt: skip
+    y = torch.randn(2, 1, 64, generator=gen)
+    both(lambda: decoder.run([BatchStep(a, 5, y)])[0], lambda: b.run(5, y)[0])  # rollback
+    hypo = torch.tensor([1, 1])
+    z = torch.randn(2, 1, 64, generator=gen)
+    both(lambda: a.run(a.position, z, hypo_ids=hypo)[0],
+         lambda: b.run(b.position, z, hypo_ids=hypo)[0])  # fmt: skip
+    w = torch.randn(2, 3, 64, generator=gen)
+    both(lambda: a.run(a.position, w)[0], lambda: b.run(b.position, w)[0])
+    for _ in range(2):
+        y = torch.randn(2, 1, 64, generator=gen)
+        both(lambda y=y: decoder.run([BatchStep(a, a.position, y)])[0],
+             lambda y=y: b.run(b.position, y)[0])  # fmt: skip
+    assert a.position == b.position == 12
+
+
+def test_bfloat16_lean_steps_within_bf16_tolerance(tiny_dirs) -> None:
+    """bf16 spans' lean steps against transformers in bf16 (the full model, same weights)."""
+    directory = tiny_dirs["llama"]
+    ckpt = Checkpoint(directory)
+    reference = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16).eval()
+    span = ModelSpan.load(ckpt, 0, 4, dtype=torch.bfloat16)
+    head = ClientHead.load(ckpt, dtype=torch.bfloat16)
+    decoder, session = LeanDecoder(span), span.new_session(batch_size=1, max_length=32)
+    cache = DynamicCache(config=reference.config)
+    ids = torch.tensor([[3, 17, 42, 99]])
+    with torch.no_grad():
+        session.run(0, head.embed(ids))
+        ref = reference(input_ids=ids, cache=cache, use_cache=True).logits
+        for _ in range(5):
+            nxt = ref[:, -1].argmax(-1, keepdim=True)
+            ref = reference(input_ids=nxt, cache=cache, use_cache=True).logits
+            hidden = decoder.run([BatchStep(session, session.position, head.embed(nxt))])[0]
+            got = head.logits(hidden)
+            assert got.dtype == torch.bfloat16
+            torch.testing.assert_close(got.float(), ref.float(), atol=3e-2, rtol=2e-2)
+    unit, status = DecodeUnit.build(span, "auto")  # measured slower lean on a CPU: eager
+    assert unit is None and status.mode == "eager" and "half precision" in status.reason
+
+
+@pytest.mark.slow
+def test_smollm2_lean_greedy_steps_match_transformers(smollm2_cache) -> None:
+    """The real SmolLM2-135M over 0:15 / 15:30: 20 greedy lean steps, transformers' tokens,
+    logits within 1e-4 (with the float32 weights stored [in, out], as a server runs them)."""
+    from transformers import LlamaForCausalLM
+
+    from drift.models.checkpoint import open_checkpoint
+
+    ckpt = open_checkpoint("smollm2", cache_dir=smollm2_cache)
+    reference = LlamaForCausalLM.from_pretrained(ckpt.path, dtype=torch.float32).eval()
+    spans = [ModelSpan.load(ckpt, 0, 15), ModelSpan.load(ckpt, 15, 30)]
+    units = [DecodeUnit(span, compiled=False) for span in spans]
+    assert all(unit.relaid > 0 for unit in units)
+    head = ClientHead.load(ckpt)
+    sessions = [span.new_session(batch_size=1, max_length=32) for span in spans]
+    cache = DynamicCache(config=reference.config)
+    ids = torch.tensor([[1, 504, 3458, 282, 4649, 314]])
+    worst, ours, theirs = 0.0, [], []
+    with torch.no_grad():
+        hidden = head.embed(ids)
+        for s in sessions:
+            hidden = s.run(0, hidden)[0]
+        ref = reference(input_ids=ids, cache=cache, use_cache=True).logits
+        ours.append(int(head.logits(hidden)[0, -1].argmax()))
+        theirs.append(int(ref[0, -1].argmax()))
+        for _ in range(20):
+            nxt = torch.tensor([[theirs[-1]]])
+            ref = reference(input_ids=nxt, cache=cache, use_cache=True).logits
+            hidden = head.embed(nxt)
+            for s, unit in zip(sessions, units, strict=True):
+                hidden = unit.run([BatchStep(s, s.position, hidden)])[0]
+            got = head.logits(hidden)
+            worst = max(worst, (got - ref).abs().max().item())
+            ours.append(int(got[0, -1].argmax()))
+            theirs.append(int(ref[0, -1].argmax()))
+    assert ours == theirs
+    assert worst < 1e-4, worst
