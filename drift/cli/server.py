@@ -85,6 +85,12 @@ def add_server_options(p: argparse.ArgumentParser, *, num_blocks_default: str = 
         help="largest max_length (tokens) a session may open (default: 2048)",
     )
     p.add_argument(
+        "--drain_timeout", type=float, default=ServerConfig.drain_timeout_s,
+        help="seconds a graceful stop (Ctrl+C, SIGTERM, drift down) spends handing live "
+             "sessions to other servers before it stops; a second Ctrl+C stops at once; "
+             "0: no handoff (default: %(default)s)",
+    )  # fmt: skip
+    p.add_argument(
         "--session_timeout",
         type=float,
         default=300.0,
@@ -154,6 +160,8 @@ def server_config_from_args(args: argparse.Namespace, *, num_blocks: int | None 
         raise BadRequest("--client_cache_share must be in (0, 1]")
     if args.watchdog_s <= 0:
         raise BadRequest("--watchdog_s must be > 0")
+    if not 0 <= args.drain_timeout <= 3600:
+        raise BadRequest("--drain_timeout must be in [0, 3600] seconds")
     if args.session_timeout <= 0 or args.max_body_mb <= 0:
         raise BadRequest("--session_timeout and --max_body_mb must be > 0")
     try:
@@ -170,6 +178,7 @@ def server_config_from_args(args: argparse.Namespace, *, num_blocks: int | None 
         watchdog_s=args.watchdog_s,
         max_batch_size=args.max_batch_size,
         inference_max_length=args.inference_max_length, session_timeout_s=args.session_timeout,
+        drain_timeout_s=args.drain_timeout,
         max_body_bytes=int(args.max_body_mb * (1 << 20)), throughput=args.throughput,
         cache_dir=cache_dir or resolve_cache_dir(args.cache_dir), quant_type=args.quant_type,
         adapters=adapters,

@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 
 from drift.client.extras import Tensors, hop_extras
+from drift.client.handoff import follow_move
 from drift.client.remote import RemoteClient, slice_prompts
 from drift.client.routing import Hop
 from drift.client.step_inputs import Chunk, StepInputs
@@ -40,6 +41,7 @@ class Opener(Protocol):
     adapter: str | None
     max_length: int
     batch_size: int
+    dtype_name: str  # what steps travel in
 
     def open_msg(self, hop: Hop) -> m.OpenSession: ...
 
@@ -55,6 +57,7 @@ class Chain:
         self.lora = lora  # wire-named LoRA weights, sent to each span once
         self.spans: list[SpanState] = []
         self.failovers = 0
+        self.moves = 0  # spans followed to the server their session was handed to (handoff)
         self.push_off = False  # a push was refused: steps are relayed until a failover
         self.pushed = 0  # span replies that came by server push (not sent by us)
 
@@ -244,6 +247,8 @@ class Chain:
 
     async def failover(self, index: int, exc: DriftError) -> None:
         """Replace span `index` by a new route over its blocks and replay its history."""
+        if await follow_move(self, index, exc, self.opener.dtype_name):  # handoff hook
+            return
         failed = self.spans[index]
         self.client.note_failure(exc, failed.hop)
         self.failovers += 1

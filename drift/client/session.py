@@ -70,6 +70,11 @@ class InferenceSession:
         return self.chain.failovers
 
     @property
+    def moves(self) -> int:
+        """Spans followed to the server their session was handed to (drift.client.handoff)."""
+        return self.chain.moves
+
+    @property
     def pushed(self) -> int:
         """Span replies that came by server push (not sent by us)."""
         return self.chain.pushed

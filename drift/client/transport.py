@@ -25,6 +25,7 @@ from drift.wire.checks import ACTIVATION_DTYPES
 from drift.wire.errors import DriftError, PeerUnavailable, from_payload
 from drift.wire.extend import ExtendSession, SessionExtended
 from drift.wire.frames import MEDIA_TYPE
+from drift.wire.handoff import raise_if_moved
 from drift.wire.step import StepRequest, StepResponse
 
 _RETRYABLE_CODES = {"peer_unavailable", "busy", "cache_full", "internal", "unknown_session"}
@@ -207,6 +208,7 @@ class SpanSocket:
         return msg
 
     def _raise_if_error(self, kind: str | None, obj: Any) -> None:
+        raise_if_moved(obj)  # handoff hook: SessionMovedError names where the session lives
         if kind == "error":
             err = m.ErrorMessage.from_wire(obj)
             raise from_payload({"error": {"code": err.code, "message": err.message}}, 500)

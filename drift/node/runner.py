@@ -15,6 +15,7 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -22,6 +23,9 @@ from drift.identity.tls import server_context
 from drift.node.app import NODE
 
 log = logging.getLogger(__name__)
+# what runs after a stop signal, before the node stops listening (a server's drain); a
+# second signal cancels it and the node stops at once
+BEFORE_STOP = web.AppKey("before_stop", list[Callable[[], Awaitable[None]]])
 
 
 @dataclass
@@ -100,6 +104,26 @@ def install_stop_handlers(
     return remove
 
 
+async def _before_stop(app: web.Application, stop: asyncio.Event) -> None:
+    """The app's BEFORE_STOP hooks, until done or a second signal comes."""
+    hooks = app.get(BEFORE_STOP, [])
+    if not hooks:
+        return
+    stop.clear()
+    log.info("stopping: draining first (signal again to stop at once)")
+    work: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(*(h() for h in hooks)))
+    again: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([work, again], return_when=asyncio.FIRST_COMPLETED)
+    again.cancel()
+    if not work.done():
+        log.warning("second signal: stopping at once")
+        work.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await work
+    if work.done() and not work.cancelled() and work.exception() is not None:
+        log.error("drain failed: %r", work.exception())
+
+
 def run_node(
     app: web.Application,
     host: str,
@@ -127,6 +151,7 @@ def run_node(
                     if asyncio.iscoroutine(result):
                         await result
                 await stop.wait()
+                await _before_stop(app, stop)
                 log.info("stopping (signal received): leaving the swarm")
             finally:
                 await running.stop()

@@ -7,6 +7,7 @@ Functions `drift server` and `drift up` both use: `load_server` (torch work, blo
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -19,10 +20,12 @@ from drift.models.memory import resident_bytes, trim_heap
 from drift.models.quant import parse_quant, quant_backend, warm_up
 from drift.models.registry import get_adapter
 from drift.models.span import ModelSpan
+from drift.node.runner import BEFORE_STOP
 from drift.server.adapters import load_adapters
 from drift.server.backend import SpanBackend
 from drift.server.compiled import attach_decode
 from drift.server.config import ServerConfig
+from drift.server.handoff import drain
 from drift.server.routes import add_server_routes
 from drift.server.state import BlockServer
 from drift.server.throughput import cached_throughput, throughput_key
@@ -137,4 +140,7 @@ def attach_server(app: web.Application, server: BlockServer, node: Any | None) -
     add_server_routes(app, server)
     if node is not None:
         server.announce = node.announce
+        if server.config.drain_timeout_s > 0:  # a graceful stop hands sessions over first
+            hook = functools.partial(drain, server, node, server.config.drain_timeout_s)
+            app.setdefault(BEFORE_STOP, []).append(hook)
         node.announce(**server.record_fields())

@@ -38,6 +38,8 @@ class ServerConfig:
     watchdog_s: float = 30.0
     max_batch_size: int = 8  # sequences per request or session
     inference_max_length: int = 2048  # tokens: largest max_length a session may open
+    # seconds a graceful stop may spend handing live sessions to other servers (0: none)
+    drain_timeout_s: float = 30.0
     session_timeout_s: float = 300.0  # seconds: an idle session is closed and its cache freed
     max_body_bytes: int = 64 << 20  # bytes: largest request body or WebSocket message (413)
     max_sockets: int = 512  # inference WebSockets open at once; more get 429 at the handshake

@@ -22,6 +22,7 @@ from aiohttp import WSMsgType, web
 from drift.node.app import NODE
 from drift.node.body import AUTH_PROOF, read_body
 from drift.server.backend import SpanBackend
+from drift.server.handoff_route import add_handoff_route, resume
 from drift.server.metrics import tokens_of
 from drift.server.push_route import add_push_route
 from drift.server.state import BlockServer
@@ -31,6 +32,7 @@ from drift.wire.codec import Frame, encode, encode_text, read_text
 from drift.wire.errors import BadRequest, Busy, DriftError, PayloadTooLarge
 from drift.wire.extend import EXTEND, ExtendSession
 from drift.wire.frames import MEDIA_TYPE
+from drift.wire.handoff import RESUME
 from drift.wire.messages import (
     BackwardRequest,
     CloseSession,
@@ -55,6 +57,7 @@ def add_server_routes(app: web.Application, server: BlockServer) -> None:
     app.router.add_get("/inference", _counted(server, "/inference", _inference))
     app.router.add_get("/metrics", _counted(server, "/metrics", _metrics))
     add_push_route(app, server)
+    add_handoff_route(app, server)
     app.cleanup_ctx.append(_lifecycle)
     app.on_shutdown.append(_close_sockets)
 
@@ -218,6 +221,13 @@ async def _on_text(server: BlockServer, ws: web.WebSocketResponse, state: _Socke
                                  "open a new socket for the next one")  # fmt: skip
             session, opened = await server.sessions.open(req, ws, state.client)
             state.session_id, state.opened = session.session_id, state.opened + 1
+            await _send(ws, opened.to_wire())
+            return
+        if kind == RESUME:  # a session handed over to this server (drift.server.handoff)
+            if state.session_id is not None or state.opened:
+                raise BadRequest("resume a session on a new socket")
+            opened = resume(server, obj, ws)
+            state.session_id, state.opened = opened.session_id, state.opened + 1
             await _send(ws, opened.to_wire())
             return
         if kind == EXTEND:

@@ -18,6 +18,7 @@ from drift.models.checkpoint import Checkpoint
 from drift.server.backend import SpanBackend
 from drift.server.budget import CacheBudget
 from drift.server.config import ServerConfig
+from drift.server.handoff_hub import HandoffHub
 from drift.server.metrics import ServerMetrics
 from drift.server.move import DRAIN_TIMEOUT_S, prepare_move
 from drift.server.push import PeerLinks
@@ -56,6 +57,7 @@ class BlockServer:
         })  # fmt: skip
         self.sockets: set[web.WebSocketResponse] = set()  # inference sockets and push links
         self.links = PeerLinks()  # the links this server pushes steps over
+        self.handoff = HandoffHub()  # sessions handed over (drift.server.handoff)
         self.state = "online"
         self.moving_to: tuple[int, int] | None = None  # the span a running move_to loads
 

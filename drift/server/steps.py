@@ -49,6 +49,8 @@ async def serve_step(
     """Run one step and reply on `ws` (the session's client socket); `pushed`: it came from
     another server (dropped when the session already ran a newer step)."""
     started = time.perf_counter()
+    if await server.handoff.answer_moved(ws, session_id, frame.params.get("step_id")):
+        return  # handoff hook: the session lives elsewhere now
     try:
         # validated once, here, against the session's limits; the session and span trust it
         session = None if session_id is None else server.sessions.get(session_id)

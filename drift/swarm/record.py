@@ -61,6 +61,8 @@ OPTIONAL_FIELDS: dict[str, str] = {
     # > 0: the server's compute has not advanced for this long with work queued (its
     # watchdog); such a server serves no block for routing until it is 0 again
     "degraded_s": "seconds its compute has been stalled with work queued (0: healthy)",
+    # state stays "online" while draining, so peers of the previous version keep the record
+    "draining": "1 while the server hands its sessions over and takes no new ones",
 }
 
 
@@ -129,6 +131,7 @@ class PeerRecord:
         return (
             self.state == "online"
             and not self.degraded
+            and not self.optional("draining")
             and self.start_block is not None
             and self.end_block is not None
             and self.start_block <= block < self.end_block
