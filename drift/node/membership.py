@@ -279,6 +279,11 @@ class MembershipNode:
             self.admission.dialled(record, ok, now)
         return sum(results)
 
+    async def prove_now(self, record: PeerRecord) -> bool:
+        """Whether `record`'s peer proves its id at its addresses, dialled now (a draining
+        server needs a replacement before a gossip round would have dialled it)."""
+        return await self._prove_all(record)
+
     async def _prove_all(self, record: PeerRecord) -> bool:
         """Whether the peer proves its id at every address of `record` not proven yet (the
         first dial carries our table, like any exchange; the others only our own record)."""

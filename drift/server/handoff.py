@@ -101,7 +101,12 @@ async def hand_over(server: BlockServer, node: MembershipNode, session: Session,
     candidates = replacements(node.table.live(node.clock()), node.peer_id,
                               server.backend.fingerprint, req.start_block, req.end_block,
                               req.max_length * req.batch_size)  # fmt: skip
-    candidates = [r for r in candidates if node.admission.is_proven(r.peer_id, r.addrs[0])]
+    # only proven addresses are dialled; one gossip has not proven yet is proven now
+    candidates = [
+        r
+        for r in candidates
+        if node.admission.is_proven(r.peer_id, r.addrs[0]) or await node.prove_now(r)
+    ]
     if not candidates:
         log.info("no server can take session %s over [%d, %d): its client will replay",
                  sid, req.start_block, req.end_block)  # fmt: skip

@@ -67,6 +67,8 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swarm]:
         for m in members:
             m.wait_started()
         wait_online(seed.token, {m.peer_id for m in members})  # type: ignore[arg-type]
+        for m in members:  # each server knows the others (a replacement is in its table)
+            wait_online(m.token, {x.peer_id for x in members})  # type: ignore[arg-type]
         yield Swarm(model_dir, seed, *members)
     finally:
         for m in [seed, *members]:
