@@ -12,17 +12,21 @@ from transformers import AutoModelForCausalLM, LogitsProcessorList
 from tests.client.faults import AtStep
 
 
-def freeze(span, released: threading.Event) -> threading.Event:
-    """Make `span`'s compute hang (as under SIGSTOP) once the returned event is set."""
+def freeze(backend, released: threading.Event) -> threading.Event:
+    """Make `backend`'s compute hang (as under SIGSTOP) once the returned event is set: its
+    span's layers (eager steps) and its batched steps (the lean decode unit, where on)."""
     frozen = threading.Event()
-    run_layers = span.run_layers
 
-    def maybe_hang(*args, **kwargs):
-        if frozen.is_set():
-            released.wait(120)
-        return run_layers(*args, **kwargs)
+    def hanging(run):
+        def maybe_hang(*args, **kwargs):
+            if frozen.is_set():
+                released.wait(120)
+            return run(*args, **kwargs)
 
-    span.run_layers = maybe_hang
+        return maybe_hang
+
+    backend.span.run_layers = hanging(backend.span.run_layers)
+    backend.run_steps = hanging(backend.run_steps)
     return frozen
 
 
@@ -33,7 +37,7 @@ async def test_frozen_server_is_left_within_a_few_step_times(tiny_dirs, swarm_mo
     ref = local.generate(ids, max_new_tokens=24, do_sample=False)
     swarm, model = await swarm_model(model_dir, [(0, 4), (0, 4)])
     released = threading.Event()
-    frozen = {s.node.peer_id: freeze(s.server.backend.span, released) for s in swarm.servers}
+    frozen = {s.node.peer_id: freeze(s.server.backend, released) for s in swarm.servers}
     stalled: list[str] = []
 
     def freeze_the_one_in_use():
