@@ -27,9 +27,11 @@ FORGED_STEP = 10**6  # a step id past any honest one: a taken push would stop la
 async def _forge(url: str, width: int, session_id: str) -> list[ErrorMessage]:
     """Three forged pushes over one stranger's /push link; what the link says back."""
     hidden = torch.randn(IDS.shape[0], 1, width)
-    forged = [StepRequest(FORGED_STEP, 0, hidden, session_id=session_id),  # no token
-              StepRequest(FORGED_STEP, 0, hidden, session_id=session_id, push_token="0" * 32),
-              StepRequest(FORGED_STEP, 0, hidden, session_id="ab" * 8, push_token="0" * 32)]
+    forged = [
+        StepRequest(FORGED_STEP, 0, hidden, session_id=session_id),  # no token
+        StepRequest(FORGED_STEP, 0, hidden, session_id=session_id, push_token="0" * 32),
+        StepRequest(FORGED_STEP, 0, hidden, session_id="ab" * 8, push_token="0" * 32),
+    ]
     said = []
     async with aiohttp.ClientSession() as http, http.ws_connect(f"{url}/push") as ws:
         for step in forged:

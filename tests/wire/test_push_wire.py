@@ -10,7 +10,15 @@ from drift.wire.errors import BadRequest, PushForbidden
 from drift.wire.frames import decode_frame
 from drift.wire.messages import SessionOpened
 from drift.wire.push import (
-    MAX_HOPS, NEXT, PUSH_ERROR, PUSHED, SESSION, TOKEN, NextHop, PushTarget, parse_next,
+    MAX_HOPS,
+    NEXT,
+    PUSH_ERROR,
+    PUSHED,
+    SESSION,
+    TOKEN,
+    NextHop,
+    PushTarget,
+    parse_next,
 )
 from drift.wire.step import StepRequest, StepResponse
 
