@@ -190,7 +190,8 @@ class Chain:
         id each span's reply comes under."""
         later = self.spans[index + 1 :]
         hops = tuple(NextHop(sp.hop.addr, sp.hop.peer_id, sp.socket.session_id,
-                             sp.socket.next_step_id()) for sp in later)  # fmt: skip
+                             sp.socket.next_step_id(), sp.socket.push_token)
+                     for sp in later)  # fmt: skip
         first = self.spans[index].socket
         req = StepRequest(first.next_step_id(), s.position, s.hidden, s.hypo_ids,
                           s.attention_mask, next_hops=hops)  # fmt: skip

@@ -137,6 +137,7 @@ class SpanSocket:
         self.config = config
         self._step_id = 0
         self.session_id = ""  # the server's id of this socket's session (once opened)
+        self.push_token: str | None = None  # what steps pushed into it carry (drift.wire.push)
         self.dtype = torch.float32  # what the session computes in (replies are restored to it)
 
     @classmethod
@@ -167,7 +168,8 @@ class SpanSocket:
                 raise PeerUnavailable(f"{hop.peer_id}: expected session_opened, got {msg.type}")
             kind, obj = codec.read_text(msg.data)
             sock._raise_if_error(kind, obj)
-            sock.session_id = m.SessionOpened.from_wire(obj).session_id
+            opened = m.SessionOpened.from_wire(obj)
+            sock.session_id, sock.push_token = opened.session_id, opened.push_token
         except BaseException:
             await sock.close()
             raise

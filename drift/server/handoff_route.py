@@ -166,4 +166,4 @@ def resume(server: BlockServer, obj: object, ws: web.WebSocketResponse) -> Sessi
     session = server.sessions.get(req.session_id)
     del server.handoff.parked[req.session_id]
     session.last_used, session.socket = time.monotonic(), ws
-    return SessionOpened(req.session_id, session.request.max_length)
+    return SessionOpened(req.session_id, session.request.max_length, session.push_token)

@@ -7,7 +7,8 @@ WebSocket to its /push (authenticated with the swarm key like any call, TLS boun
 peer id); that server runs it on the session it names and replies to the client on that
 session's own socket. A server pushes only to a peer its swarm table holds live at the
 address named (else `push_refused`); a pushed step older than one the session already ran
-(a client that gave up on the push and relayed it) is dropped.
+(a client that gave up on the push and relayed it) is dropped, and the receiver takes a
+pushed step only with its session's push token (drift.wire.push; checked in push_route).
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ def check_member(node: MembershipNode, hop: NextHop) -> None:
     if hop.addr not in record.addrs or not node.admission.is_proven(hop.peer_id, hop.addr):
         raise PushRefused(f"will not push to peer {hop.peer_id} at {hop.addr}: its record "
                           f"announces {list(record.addrs)}", peer_id=hop.peer_id)  # fmt: skip
+    if hop.push_token is None:
+        raise PushRefused(f"will not push to peer {hop.peer_id}: the hop names no push_token "
+                          "for its session (its server issued none): relay instead",
+                          peer_id=hop.peer_id)  # fmt: skip
 
 
 class PeerLinks:

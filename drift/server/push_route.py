@@ -1,8 +1,10 @@
 """The /push WebSocket: links other servers push a client's steps into (drift.server.push).
 
-Each binary frame names the session it is for; it runs through `serve_step` as if the
-session's client had sent it, and the reply goes to that client's socket. Counted against
-the server's `max_sockets`.
+Each binary frame names the session it is for and carries that session's push token
+(drift.wire.push); one without the right token is refused on the link, before it touches the
+session (counted as `/push:step` 403 on /metrics). An accepted one runs through `serve_step`
+as if the session's client had sent it, and the reply goes to that client's socket. Counted
+against the server's `max_sockets`.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from drift.node.membership import MembershipNode
 from drift.server.push import PUSH_PATH
 from drift.server.steps import serve_step
 from drift.wire.codec import Frame, encode_text
-from drift.wire.errors import BadRequest, Busy, DriftError, UnknownSession
+from drift.wire.errors import BadRequest, Busy, DriftError
 from drift.wire.messages import ErrorMessage
+from drift.wire.push import forbidden
 
 if TYPE_CHECKING:
     from drift.server.state import BlockServer
@@ -72,15 +75,17 @@ async def _pushed(server: BlockServer, node: MembershipNode, link: web.WebSocket
                   data: bytes) -> None:  # fmt: skip
     try:
         frame = Frame.read(data)
-        session_id = frame.session_id()
-        session = server.sessions.sessions.get(session_id)
+        target = frame.push_target()
+        session = server.sessions.sessions.get(target.session_id)
         client = None if session is None else session.socket
-        if client is None:
-            raise UnknownSession(f"session {session_id} has no open socket here")
+        if session is None or client is None:
+            raise forbidden(target.session_id)
+        target.check(session.push_token)
     except DriftError as exc:
+        server.metrics.count("/push:step", exc.status)
         await _say(link, exc)
         return
-    await serve_step(server, node, client, session_id, frame, pushed=True)
+    await serve_step(server, node, client, target.session_id, frame, pushed=True)
 
 
 async def _say(ws: web.WebSocketResponse, exc: DriftError) -> None:

@@ -50,6 +50,9 @@ class Session:
     socket: Any = None  # its client's WebSocket: every reply goes there, pushed ones too
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # a relayed and a pushed step
     last_step: int = -1  # never run at once; the newest step id it ran
+    # what a step pushed into it must carry (drift.wire.push): issued at open, told only to
+    # its client, never logged
+    push_token: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
 
     @property
     def n_blocks(self) -> int:
@@ -115,7 +118,7 @@ class SessionManager:
                           client=client)  # fmt: skip
         self.sessions[session.session_id] = session
         log.debug("opened session %s: %s", session.session_id, req)
-        return session, SessionOpened(session.session_id, req.max_length)
+        return session, SessionOpened(session.session_id, req.max_length, session.push_token)
 
     def extend(self, session_id: str, max_length: int) -> SessionExtended:
         """Room for `max_length` tokens in an open session, in place: the extra cache room is

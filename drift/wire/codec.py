@@ -17,7 +17,7 @@ import torch
 from drift.wire.compress import WIRE_DTYPE, check_form, pack, unpack
 from drift.wire.errors import BadRequest
 from drift.wire.frames import decode_frame, encode_frame
-from drift.wire.push import pushed_session
+from drift.wire.push import PushTarget, pushed_target
 from drift.wire.zstd import compress
 
 Tensors = dict[str, torch.Tensor]
@@ -59,9 +59,10 @@ class Frame:
         reply), else None; `message` validates it."""
         return _int_or_none(self.params.get("step_id"))
 
-    def session_id(self) -> str:
-        """The session a pushed step is for (BadRequest when it names none)."""
-        return pushed_session(self.params)
+    def push_target(self) -> PushTarget:
+        """The session a pushed step is for and its push token (BadRequest when it names
+        no session)."""
+        return pushed_target(self.params)
 
     def message(self, cls: Any, compute_dtype: torch.dtype, **expect: Any) -> Any:
         """The validated message of `cls`, its activations restored to `compute_dtype`."""

@@ -87,6 +87,13 @@ class PushRefused(Forbidden):
     code = "push_refused"
 
 
+class PushForbidden(Forbidden):
+    """A pushed step a session does not take: it names an unknown session or lacks the
+    session's push token (drift.wire.push)."""
+
+    code = "push_forbidden"
+
+
 class NotFound(DriftError):
     code = "not_found"
     status = 404

@@ -265,14 +265,21 @@ class OpenSession:
 class SessionOpened:
     session_id: str
     max_length: int
+    # the secret a step pushed into this session must carry (drift.wire.push); None from a
+    # server that predates it (nobody pushes to such a session)
+    push_token: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_wire(cls, obj: Any) -> SessionOpened:
         obj = _typed_object(obj, "session_opened")
-        return cls(c.get_str(obj, "session_id"), c.get_int(obj, "max_length", low=1))
+        token = c.get_str(obj, "push_token") if "push_token" in obj else None
+        return cls(c.get_str(obj, "session_id"), c.get_int(obj, "max_length", low=1), token)
 
     def to_wire(self) -> dict[str, Any]:
-        return f.head("session_opened", session_id=self.session_id, max_length=self.max_length)
+        out = f.head("session_opened", session_id=self.session_id, max_length=self.max_length)
+        if self.push_token is not None:
+            out["push_token"] = self.push_token
+        return out
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from drift.wire import checks as c
 from drift.wire import fields as f
 from drift.wire.errors import BadRequest
 from drift.wire.extras import BLOCK_STATES, NO_EXTRAS
-from drift.wire.push import NEXT, PUSH_ERROR, PUSHED, SESSION, NextHop, parse_next
+from drift.wire.push import NEXT, PUSH_ERROR, PUSHED, SESSION, TOKEN, NextHop, parse_next
 
 Tensors = dict[str, torch.Tensor]
 
@@ -36,6 +36,8 @@ class StepRequest:
     block_states: bool = False  # the reply carries each block's output (extras.BLOCK_STATES)
     next_hops: tuple[NextHop, ...] = ()  # the spans its output is pushed on to, in order
     session_id: str | None = None  # a pushed step: the session it is for on the receiver
+    push_token: str | None = field(default=None, repr=False)  # a pushed step: that session's
+    # secret push token (drift.wire.push), checked before the step touches the session
 
     TENSORS = ("hidden_states", "hypo_ids", "attention_mask", "prompts")
 
@@ -73,6 +75,7 @@ class StepRequest:
             block_states=c.get_flag(params, BLOCK_STATES),
             next_hops=parse_next(params),
             session_id=c.get_str(params, SESSION) if SESSION in params else None,
+            push_token=c.get_str(params, TOKEN) if TOKEN in params else None,
         )
         if req.next_hops and not req.pushable:
             raise BadRequest("a step carrying extras, deep prompts or asking for K/V or block "
@@ -86,15 +89,18 @@ class StepRequest:
 
     def onward(self, hidden: torch.Tensor) -> StepRequest:
         """The step pushed to `next_hops[0]`: `hidden` (this span's output), re-addressed to
-        that hop's session and step id, naming the hops after it."""
+        that hop's session, push token and step id, naming the hops after it."""
         first = self.next_hops[0]
         return dataclasses.replace(self, step_id=first.step_id, session_id=first.session_id,
-                                   next_hops=self.next_hops[1:], hidden_states=hidden)  # fmt: skip
+                                   push_token=first.push_token, next_hops=self.next_hops[1:],
+                                   hidden_states=hidden)  # fmt: skip
 
     def to_wire(self) -> tuple[dict[str, Any], Tensors]:
         params = f.head("step", step_id=self.step_id, position=self.position)
         if self.session_id is not None:
             params[SESSION] = self.session_id
+        if self.push_token is not None:
+            params[TOKEN] = self.push_token
         if self.next_hops:
             params[NEXT] = [hop.to_wire() for hop in self.next_hops]
         return f.with_donate(params, self.donate, self.block_states), f.present(

@@ -48,7 +48,7 @@ async def _attack(http: aiohttp.ClientSession, url: str, fp: str) -> dict[str, i
     await ws.send_bytes(encode_frame({"session_id": "00" * 8, "step_id": 1, "position": 0},
                                      {"hidden_states": torch.zeros(1, 1, 64)}))  # fmt: skip
     reply = await ws.receive(timeout=10)
-    seen["bad_push"] = int("unknown_session" in str(reply.data))
+    seen["bad_push"] = int("push_forbidden" in str(reply.data))
     await ws.close()
     hogs = [await RawSession.open(http, url, fp, 0, 4, max_length=64) for _ in range(4)]
     seen["kv_hog_refused"] = sum(1 for h in hogs if isinstance(h, dict))

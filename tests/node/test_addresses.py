@@ -78,7 +78,8 @@ def test_push_goes_only_to_a_proven_address() -> None:
     node.table.merge(record, time.time())
     node.admission.prove(ident.peer_id, "http://127.0.0.1:1")
     first, second = parse_next({"next": [
-        {"addr": a, "peer_id": ident.peer_id, "session_id": "s", "step_id": 1}
+        {"addr": a, "peer_id": ident.peer_id, "session_id": "s", "step_id": 1,
+         "push_token": "t"}
         for a in record.addrs]})  # fmt: skip
     check_member(node, first)
     with pytest.raises(PushRefused, match="127.0.0.1:2"):

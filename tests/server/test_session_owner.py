@@ -37,12 +37,14 @@ async def test_reap_and_close_leave_nothing_behind(servers, tiny_llama):
         server.sessions.reap(now=session.last_used + server.sessions.timeout_s + 1)
         assert not server.sessions.sessions and server.budget.used == 0
         assert session.socket is None  # the reaped session no longer holds its socket
-        # a step pushed to it now is refused on the link: no registry still maps it to a socket
+        # a step pushed to it now, with its own push token, is refused on the link: no
+        # registry still maps it to a socket (a closed session: the one push refusal)
         link = await http.ws_connect(f"{a.url}{PUSH_PATH}")
-        pushed = StepRequest(5, 2, torch.randn(1, 1, width), session_id=sid)
+        pushed = StepRequest(5, 2, torch.randn(1, 1, width), session_id=sid,
+                             push_token=session.push_token)  # fmt: skip
         await link.send_bytes(codec.encode(pushed))
         err = orjson.loads((await link.receive(timeout=10)).data)
-        assert err["type"] == "error" and err["code"] == "unknown_session", err
+        assert err["type"] == "error" and err["code"] == "push_forbidden", err
         await link.close()
         # the client's own next step hears that its session is gone
         err = await raw.step_error(torch.randn(1, 1, width), 2)

@@ -6,9 +6,20 @@ import pytest
 import torch
 
 from drift.wire import codec
-from drift.wire.errors import BadRequest
+from drift.wire.errors import BadRequest, PushForbidden
 from drift.wire.frames import decode_frame
-from drift.wire.push import MAX_HOPS, NEXT, PUSH_ERROR, PUSHED, SESSION, NextHop, parse_next
+from drift.wire.messages import SessionOpened
+from drift.wire.push import (
+    MAX_HOPS,
+    NEXT,
+    PUSH_ERROR,
+    PUSHED,
+    SESSION,
+    TOKEN,
+    NextHop,
+    PushTarget,
+    parse_next,
+)
 from drift.wire.step import StepRequest, StepResponse
 
 HOP = {"addr": "http://127.0.0.1:1234/", "peer_id": "12D3KooWPeer", "session_id": "s1",
@@ -70,3 +81,34 @@ def test_a_pushed_step_must_be_plain():
 def test_malformed_hops_are_refused(value, match):
     with pytest.raises(BadRequest, match=match):
         parse_next({NEXT: value})
+
+
+def test_the_push_token_travels_with_its_hop_and_never_in_a_repr():
+    hops = parse_next({NEXT: [dict(HOP, push_token="t" * 32), HOP]})
+    assert hops[0].push_token == "t" * 32 and hops[1].push_token is None
+    assert "t" * 32 not in repr(hops[0])
+    step = StepRequest(2, 0, torch.randn(1, 1, 8), next_hops=hops)
+    first = step.onward(torch.randn(1, 1, 8))
+    assert first.push_token == "t" * 32 and "t" * 32 not in repr(first)
+    back = codec.decode(StepRequest, codec.encode(first))
+    assert back.push_token == "t" * 32 and back.session_id == "s1"
+    assert codec.Frame.read(codec.encode(first)).push_target() == PushTarget("s1", "t" * 32)
+    assert first.onward(torch.randn(1, 1, 8)).push_token is None  # the second hop named none
+    with pytest.raises(BadRequest, match=TOKEN):
+        parse_next({NEXT: [dict(HOP, push_token=5)]})
+
+
+def test_a_push_without_the_sessions_token_is_forbidden():
+    PushTarget("s1", "t" * 32).check("t" * 32)
+    for got in (None, "", "u" * 32, "t" * 31):
+        with pytest.raises(PushForbidden, match="push_token") as info:
+            PushTarget("s1", got).check("t" * 32)
+        assert info.value.status == 403 and "s1" in info.value.message
+
+
+def test_session_opened_carries_the_token_and_reads_an_older_servers_reply():
+    opened = SessionOpened("s1", 64, "t" * 32)
+    assert SessionOpened.from_wire(opened.to_wire()) == opened
+    assert "t" * 32 not in repr(opened)
+    older = {k: v for k, v in opened.to_wire().items() if k != TOKEN}
+    assert SessionOpened.from_wire(older).push_token is None
