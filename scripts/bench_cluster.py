@@ -3,9 +3,12 @@ the printed `--join` command only, against local transformers with its weights i
 
     PYTHONPATH=. python scripts/make_model.py llama-3.2-3b /tmp/llama3b
     sudo PYTHONPATH=. python scripts/bench_cluster.py /tmp/llama3b --memory_gib 3 --rtt_ms 0 20
+    sudo PYTHONPATH=. python scripts/bench_cluster.py /tmp/llama3b --memory_gib 1.5 --quant_type nf4
 
 The first machine runs `drift up MODEL --device cpu --torch_dtype DTYPE` (on a CPU `auto` is
-float32, twice bf16's memory); the joiners run the printed `--join` command only.
+float32, twice bf16's memory) and `--quant_type Q` when asked; the joiners run the printed
+`--join` command only. With --quant_type the local reference is transformers with each decoder
+layer's linears quantized as DRIFT quantizes them (drift.models.quant.quantize_layer).
 
 Prints, per RTT: each machine's span and the budget it read, coverage, whether greedy tokens
 equal local transformers, and decode seconds per token against local transformers (ratio =
@@ -49,8 +52,14 @@ def decode_s_per_token(model, ids: torch.Tensor, new: int) -> tuple[torch.Tensor
     return out, ((t2 - t1) - (t1 - t0)) / (out.shape[1] - ids.shape[1] - 1)
 
 
-def local_reference(model_dir: Path, dtype: torch.dtype, ids: torch.Tensor, new: int):
+def local_reference(model_dir: Path, dtype: torch.dtype, quant: str, ids: torch.Tensor, new: int):
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    if quant != "none":
+        from drift.models.quant import quantize_layer
+
+        layers = model.model.layers
+        for i, layer in enumerate(layers):
+            layers[i] = quantize_layer(layer, quant, dtype, torch.device("cpu"))
     with torch.inference_mode():
         out, s = decode_s_per_token(model, ids, new)
     del model
@@ -62,7 +71,8 @@ def run_box(args: argparse.Namespace, rtt: float, ref: torch.Tensor, ids: torch.
     from transformers import AutoConfig
 
     n_blocks = AutoConfig.from_pretrained(args.model).num_hidden_layers
-    flags = ["--device", "cpu", *(["--torch_dtype", args.dtype] if args.dtype_flag else [])]
+    flags = ["--device", "cpu", *(["--torch_dtype", args.dtype] if args.dtype_flag else []),
+             *(["--quant_type", args.quant_type] if args.quant_type != "none" else [])]  # fmt: skip
     with Box(args.machines, Path(tempfile.mkdtemp(prefix="drift-bench-cluster-")),
              memory=int(args.memory_gib * 2**30), rtt_ms=rtt, rate=args.rate) as box:  # fmt: skip
         rows, token_text = [], None
@@ -106,15 +116,20 @@ def main() -> None:
         action="store_false",
         help="start the first machine without --torch_dtype (on a CPU, auto is float32)",
     )
+    p.add_argument("--quant_type", default="none", choices=["none", "int8", "nf4"],
+                   help="passed to the first machine (the joiners follow the swarm)")  # fmt: skip
     p.add_argument("--new_tokens", type=int, default=12)
     args = p.parse_args()
     torch.set_num_threads(2)
     ids = torch.tensor([[1, 504, 3458, 282, 4649, 314, 1345, 30]])
-    ref, local_s = local_reference(args.model, getattr(torch, args.dtype), ids, args.new_tokens)
-    print(f"local transformers ({args.dtype}, weights in memory): {local_s:.3f} s/token")
+    ref, local_s = local_reference(args.model, getattr(torch, args.dtype), args.quant_type, ids,
+                                   args.new_tokens)  # fmt: skip
+    quant = f", {args.quant_type}" if args.quant_type != "none" else ""
+    print(f"local transformers ({args.dtype}{quant}, weights in memory): {local_s:.3f} s/token")
     for rtt in args.rtt_ms:
         r = run_box(args, rtt, ref, ids)
-        print(f"\n{args.machines} machines x {args.memory_gib} GiB, RTT {rtt:g} ms, {args.rate}:")
+        print(f"\n{args.machines} machines x {args.memory_gib} GiB{quant}, RTT {rtt:g} ms, "
+              f"{args.rate}:")  # fmt: skip
         print("| machine | span | budget read | sizing |")
         print("|---|---|---|---|")
         for name, _, span, budget, memory in r["rows"]:

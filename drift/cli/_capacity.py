@@ -125,3 +125,17 @@ def choose_num_blocks(
             "--max_memory, or pass --num_blocks explicitly".replace("\n  ", "; ")
         )
     return capacity
+
+
+def move_shortfall(config, device: torch.device, dtype: torch.dtype, *, quant: str,
+                   blocks: range, cache_tokens: int, free_bytes: int) -> int:  # fmt: skip
+    """Bytes a move is short of: loading `blocks` beside the span served now (drift.server.move
+    loads the new span before it frees the old) takes their weights, KV cache and the headroom
+    that sizing keeps; `free_bytes` is the budget left now. 0: the move fits."""
+    from drift.models.footprint import block_weight_bytes, kv_bytes_per_token
+
+    weights = block_weight_bytes(config, dtype, quant)
+    transient = max(block_weight_bytes(config, dtype)) if quant != "none" else 0
+    cache = kv_bytes_per_token(config, dtype) * cache_tokens
+    need = sum(weights[b] + cache for b in blocks) + headroom_bytes(device, transient)
+    return max(0, need - free_bytes)

@@ -3,7 +3,8 @@
 The coverage loop prints which blocks are missing whenever that changes (peers joining and
 leaving). The balance loop asks drift.swarm.selection whether this server should move;
 BlockServer.move_to loads the new span first, drains live sessions, then swaps and
-re-announces, so no gap is ever left.
+re-announces, so no gap is ever left. A move whose new span does not fit beside the old one in
+the machine's budget (drift.cli._budget) is not made: the kernel would kill the server.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ COVERAGE_TICK_S = 1.0
 class BalanceConfig:
     min_ratio: float  # move when min/max block throughput falls below this
     mean_period_s: float  # mean seconds between balance checks
+    max_memory: int | None = None  # --max_memory, bytes: the budget a move must fit in
 
 
 def start_loops(node: MembershipNode, server: BlockServer, ckpt: Any,
@@ -61,7 +63,8 @@ async def balance_loop(node: MembershipNode, server: BlockServer, ckpt: Any,
     while True:
         await asyncio.sleep(balance.mean_period_s * random.uniform(0.5, 1.5))
         try:
-            await balance_once(node, server, ckpt, min_ratio=balance.min_ratio)
+            await balance_once(node, server, ckpt, min_ratio=balance.min_ratio,
+                               max_memory=balance.max_memory)  # fmt: skip
         except Exception:  # a failed move keeps serving the old span
             log.exception("re-balancing failed; still serving the old blocks")
 
@@ -74,14 +77,37 @@ def rebalance_target(node: MembershipNode, server: BlockServer, *,
     return choose_rebalance(records, node.peer_id, b.num_model_blocks, min_ratio=min_ratio)
 
 
+def move_shortfall_now(server: BlockServer, target: tuple[int, int], *,
+                       max_memory: int | None, free_bytes: int | None = None) -> int:  # fmt: skip
+    """Bytes this machine lacks to load `target` beside the span it serves (0: it fits).
+    `free_bytes`: the budget left (default: read now, as drift up sized the server)."""
+    from drift.cli._budget import read_budget
+    from drift.cli._capacity import move_shortfall
+
+    span = server.backend.span
+    if free_bytes is None:
+        free_bytes = read_budget(span.device, max_memory=max_memory).available
+    return move_shortfall(span.config, span.device, span.dtype, quant=span.quant,
+                          blocks=range(*target), cache_tokens=server.config.attn_cache_tokens,
+                          free_bytes=free_bytes)  # fmt: skip
+
+
 async def balance_once(node: MembershipNode, server: BlockServer, ckpt: Any, *,
                        min_ratio: float, drain_timeout_s: float | None = None,
+                       max_memory: int | None = None, free_bytes: int | None = None,
                        ) -> tuple[int, int] | None:  # fmt: skip
-    """One balance check: move (BlockServer.move_to) when the swarm is unbalanced; the target."""
+    """One balance check: move (BlockServer.move_to) when the swarm is unbalanced and the new
+    span fits beside the old in the budget (`free_bytes`, default: read now); the target."""
     target = rebalance_target(node, server, min_ratio=min_ratio)
     if target is None:
         return None
     b = server.backend
+    short = move_shortfall_now(server, target, max_memory=max_memory, free_bytes=free_bytes)
+    if short:
+        log.warning("the swarm is unbalanced, but blocks [%d, %d) do not fit beside blocks "
+                    "[%d, %d) (%.2f GiB short): staying", target[0], target[1], b.start_block,
+                    b.end_block, short / (1 << 30))  # fmt: skip
+        return None
     print(f"the swarm is unbalanced: moving from blocks [{b.start_block}, {b.end_block}) "
           f"to [{target[0]}, {target[1]})", flush=True)  # fmt: skip
     await server.move_to(*target, ckpt=ckpt, drain_timeout_s=drain_timeout_s)

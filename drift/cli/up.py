@@ -122,7 +122,8 @@ def up_config_from_args(args: argparse.Namespace) -> UpConfig:
     node = dataclasses.replace(node_config_from_args(args), client_max_size=server.max_body_bytes)
     balance = None
     if args.balance_quality > 0 and server.start_block is None:
-        balance = BalanceConfig(args.balance_quality, args.mean_balance_check_period)
+        balance = BalanceConfig(args.balance_quality, args.mean_balance_check_period,
+                                getattr(args, "max_memory", None))  # fmt: skip
     identity_path = Path(args.identity_path).expanduser() if args.identity_path else None
     key_file = None
     if args.private:

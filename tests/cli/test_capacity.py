@@ -93,3 +93,29 @@ def test_a_3b_shaped_model_on_small_machines(quant: str, machine: int, blocks: i
     peak = BASE + cap.num_blocks * (cap.block_bytes + cap.cache_bytes) + cap.headroom_bytes
     assert peak <= machine
     print(f"\n{quant}: {cap.explain()}")
+
+
+def test_a_move_is_short_of_what_the_new_span_takes_beside_the_old():
+    """drift up's balancer moves only when the new span fits beside the old one: the budget
+    left (the old span already counted as used) against the new blocks' weights, KV cache and
+    headroom; a machine sized full by drift up has no room for a move of the same size."""
+    from drift.cli._capacity import move_shortfall
+
+    cfg, cpu = tiny_config("llama"), torch.device("cpu")
+    block = block_weight_bytes(cfg, torch.float32)[0]
+    cache = kv_bytes_per_token(cfg, torch.float32) * 1024
+    need = 2 * (block + cache) + CPU_HEADROOM_BYTES
+
+    def short(free: int) -> int:
+        return move_shortfall(cfg, cpu, torch.float32, quant="none", blocks=range(2, 4),
+                              cache_tokens=1024, free_bytes=free)  # fmt: skip
+
+    assert short(need) == 0 and short(need + 1) == 0
+    assert short(need - 1) == 1
+    assert short(0) == need
+    # sized full: what is left after drift up loaded as many blocks as fit holds no other two
+    cap = choose_num_blocks(cfg, cpu, torch.float32, cache_tokens=1024,
+                            free_bytes=need + 2 * (block + cache))  # fmt: skip
+    assert cap.num_blocks == 4  # all four blocks fit with the headroom kept free
+    left = need + 2 * (block + cache) - cap.num_blocks * (block + cache)
+    assert short(left) > 0
