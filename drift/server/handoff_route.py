@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import orjson
 import torch
 from aiohttp import WSMsgType, web
+from transformers.cache_utils import CacheLayerMixin, DummyLayer
 
 from drift.identity import verify_signature
 from drift.node.app import NODE
@@ -148,6 +149,9 @@ def _install(session: Session, offer: HandoffOffer, keys: dict[int, torch.Tensor
         raise BadRequest(f"handoff layers outside the model's {n_layers} cache layers")
     for x in offer.layers:
         layer = span_session.cache.layers[x.block]
+        if isinstance(layer, DummyLayer) or not isinstance(layer, CacheLayerMixin):
+            raise BadRequest(f"handoff layer {x.block} is not one a session over "
+                             f"[{offer.start_block}, {offer.end_block}) holds here")  # fmt: skip
         k, v = keys[x.block].to(device, dtype), values[x.block].to(device, dtype)
         layer.lazy_initialization(k, v)
         layer.keys, layer.values = k, v
