@@ -145,6 +145,7 @@ class RemoteClient:
             if wait is None:
                 if not self.swarm.servers(self.model_fingerprint, banned_too=True):
                     check_served(self.origin, self.swarm.table.live(time.time()))  # another model?
+                self.swarm.refuse_other_protocols(self.model_fingerprint, start, end)
                 raise
         await asyncio.sleep(wait)
         return choose()
