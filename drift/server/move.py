@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 from drift.models.checkpoint import Checkpoint, open_checkpoint
 from drift.models.span import ModelSpan
@@ -27,10 +28,13 @@ DRAIN_TICK_S = 0.05  # seconds between checks for drained sessions
 
 
 async def prepare_move(current: SpanRuntime, config: ServerConfig, start_block: int,
-                       end_block: int, *, ckpt: Checkpoint | None,
-                       drain_timeout_s: float) -> SpanRuntime:  # fmt: skip
+                       end_block: int, *, ckpt: Checkpoint | None, drain_timeout_s: float,
+                       before_drain: Callable[[float], Awaitable[object]] | None = None,
+                       ) -> SpanRuntime:  # fmt: skip
     """Load [start_block, end_block) beside `current`, then drain `current`'s sessions; the
-    new runtime to swap in. Cancelled or failed: `current` keeps serving, accepting again."""
+    new runtime to swap in. `before_drain(deadline)`, once new sessions are refused: hand the
+    live ones over (drift.server.handoff) by that loop time. Cancelled or failed: `current`
+    keeps serving, accepting again."""
     old = current.backend
     loop = asyncio.get_running_loop()
     # Loaded on the default executor: the old span keeps computing on its own thread.
@@ -45,7 +49,10 @@ async def prepare_move(current: SpanRuntime, config: ServerConfig, start_block: 
         "on another server or retry here in a moment"
     )
     try:
-        await _drain(current.sessions, loop.time() + drain_timeout_s)
+        deadline = loop.time() + drain_timeout_s
+        if before_drain is not None:
+            await before_drain(deadline)
+        await _drain(current.sessions, deadline)
     except BaseException:  # cancelled: keep serving the old span, accepting sessions again
         current.sessions.refusing = None
         backend.executor.shutdown(wait=False)

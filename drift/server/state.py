@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -18,6 +18,7 @@ from drift.models.checkpoint import Checkpoint
 from drift.server.backend import SpanBackend
 from drift.server.budget import CacheBudget
 from drift.server.config import ServerConfig
+from drift.server.handoff import hand_over_all
 from drift.server.handoff_hub import HandoffHub
 from drift.server.metrics import ServerMetrics
 from drift.server.move import DRAIN_TIMEOUT_S, prepare_move
@@ -26,6 +27,9 @@ from drift.server.runtime import SpanRuntime
 from drift.server.sessions import SessionManager
 from drift.swarm import BlocksInfo
 from drift.wire.errors import BadRequest, Busy
+
+if TYPE_CHECKING:
+    from drift.node.membership import MembershipNode
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +78,13 @@ class BlockServer:
         return self.runtime.sessions
 
     async def move_to(self, start_block: int, end_block: int, *, ckpt: Checkpoint | None = None,
-                      drain_timeout_s: float | None = None) -> None:  # fmt: skip
+                      drain_timeout_s: float | None = None,
+                      handoff_via: MembershipNode | None = None) -> None:  # fmt: skip
         """Serve [start_block, end_block) instead: load it beside the old span, drain the old
-        sessions (new ones get a retryable `busy`), swap, re-announce (drift.server.move).
-        BadRequest for a span outside the model, Busy while another move runs."""
+        sessions (new ones get a retryable `busy`; with `handoff_via`, this server's node, the
+        live ones are first handed to other servers of their blocks, drift.server.handoff),
+        swap, re-announce (drift.server.move). BadRequest for a span outside the model, Busy
+        while another move runs."""
         old = self.runtime
         n = old.backend.num_model_blocks
         if not 0 <= start_block < end_block <= n:
@@ -88,8 +95,15 @@ class BlockServer:
         self.moving_to = (start_block, end_block)
         try:
             timeout = DRAIN_TIMEOUT_S if drain_timeout_s is None else drain_timeout_s
+            before = None
+            if handoff_via is not None:
+                node = handoff_via
+
+                async def before(deadline: float) -> int:
+                    return await hand_over_all(self, node, deadline)
+
             new = await prepare_move(old, self.config, start_block, end_block, ckpt=ckpt,
-                                     drain_timeout_s=timeout)  # fmt: skip
+                                     drain_timeout_s=timeout, before_drain=before)  # fmt: skip
             self.runtime = new  # no await since the drain: requests see the old or the new span
             old.sessions.close_all()
             old.backend.executor.shutdown(wait=False)  # queued requests on the old span finish

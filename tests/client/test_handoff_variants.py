@@ -50,9 +50,14 @@ async def _knows_each_other(servers, timeout_s: float = 10.0) -> None:
         await asyncio.sleep(0.05)
 
 
-async def _drained_generation(swarm, model, ids, start_block: int, **generate_kw):
-    """Greedy generate(), draining at step AT the server holding the span that begins at
-    `start_block`; (tokens, session, tokens the other replica computed meanwhile)."""
+async def _drain(victim) -> None:
+    await drain(victim.server, victim.node, 20.0)
+
+
+async def _drained_generation(swarm, model, ids, start_block: int, leave=_drain, **generate_kw):
+    """Greedy generate(), at step AT `leave` (drain: what SIGTERM runs) the server holding the
+    span that begins at `start_block`; (tokens, session, tokens the other replica computed
+    meanwhile)."""
     loop = asyncio.get_running_loop()
     await _knows_each_other(swarm.servers)
     seen: dict = {}
@@ -65,7 +70,7 @@ async def _drained_generation(swarm, model, ids, start_block: int, **generate_kw
                     and s.server.backend.start_block == start_block)  # fmt: skip
         before = asyncio.run_coroutine_threadsafe(_tokens(twin.url), loop).result(30)
         seen.update(session=session, twin=twin, before=before)
-        asyncio.run_coroutine_threadsafe(drain(victim.server, victim.node, 20.0), loop).result(60)
+        asyncio.run_coroutine_threadsafe(leave(victim), loop).result(60)
 
     out = await asyncio.to_thread(
         model.generate, ids, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
@@ -126,4 +131,23 @@ async def test_handoff_carries_gemma4_shared_kv(tiny_dirs, swarms, sdk_models):
     swarm = await swarms.start(model_dir, [(0, 3), (3, 6), (3, 6)])
     model = await sdk_models.open(model_dir, swarm.token)
     out, session, grew = await _drained_generation(swarm, model, ids, 3, pad_token_id=0)
+    _check(out, ref, session, grew, ids.shape[1] + AT - 1)
+
+
+async def test_a_span_move_hands_its_sessions_over(tiny_dirs, swarms, sdk_models):
+    """The balancer's move (BlockServer.move_to with this server's node): the holder of
+    [2, 4) moves to [0, 2) mid-generation; its session goes to the other [2, 4) server with
+    its cache, instead of keeping the move waiting or being replayed."""
+    model_dir = tiny_dirs("llama")
+    ids = torch.randint(3, 200, (1, 40), generator=torch.Generator().manual_seed(4))
+    local = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ref = local.generate(ids, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False)
+    swarm = await swarms.start(model_dir, [(0, 2), (2, 4), (2, 4)])
+    model = await sdk_models.open(model_dir, swarm.token)
+
+    async def move(victim) -> None:
+        await victim.server.move_to(0, 2, drain_timeout_s=20, handoff_via=victim.node)
+        assert (victim.server.backend.start_block, victim.server.backend.end_block) == (0, 2)
+
+    out, session, grew = await _drained_generation(swarm, model, ids, 2, leave=move)
     _check(out, ref, session, grew, ids.shape[1] + AT - 1)
