@@ -17,6 +17,7 @@ from drift.models.checkpoint import Checkpoint, open_checkpoint
 from drift.models.span import ModelSpan
 from drift.server.adapters import load_adapters
 from drift.server.backend import SpanBackend
+from drift.server.chunks import chunk_tokens_for
 from drift.server.compiled import attach_decode
 from drift.server.config import ServerConfig
 from drift.server.runtime import SpanRuntime
@@ -39,10 +40,13 @@ async def prepare_move(current: SpanRuntime, config: ServerConfig, start_block: 
     loop = asyncio.get_running_loop()
     # Loaded on the default executor: the old span keeps computing on its own thread.
     span = await loop.run_in_executor(None, _load, config, old, ckpt, start_block, end_block)
+    chunk = old.chunk_tokens  # the same pace per block: units sized for the new span's length
+    if config.chunk_tokens is None and old.pace is not None:
+        chunk = chunk_tokens_for(old.pace, end_block - start_block)
     backend = SpanBackend(span, model_name=old.model_name, fingerprint=old.fingerprint,
                           max_batch_size=old.max_batch_size, quant=old.quant,
                           max_request_tokens=old.max_request_tokens,
-                          chunk_tokens=old.chunk_tokens)  # fmt: skip
+                          chunk_tokens=chunk, pace=old.pace)  # fmt: skip
     await loop.run_in_executor(None, attach_decode, backend, config.compile)
     current.sessions.refusing = (
         f"this server is moving to blocks [{start_block}, {end_block}); open the session "
