@@ -123,16 +123,24 @@ class SwarmView:
             )  # fmt: skip
 
     def ban_wait(self, model_fingerprint: str, start: int, end: int) -> float | None:
-        """When servers banned after a single failure (a blip, not a dead peer: those fail
-        again) are what covers some of [start, end): seconds until their bans end. None when
-        blocks are missing even with them."""
-        every = self.servers(model_fingerprint, banned_too=True)
-        blips = [s for s in every if self.bans.failures(s.peer_id) <= 1]
-        if missing_blocks(blips, start, end):
+        """When banned servers worth waiting for (live records; failed once, or by being slow
+        or busy rather than refusing the connection: BanList.worth_waiting_for) are what
+        covers some of [start, end): the fewest seconds until enough of their bans end. None
+        when blocks are missing even with them.
+
+        A step that timed out behind a long prefill on a busy CPU makes the only server of a
+        span slow, not missing: waiting for it (bans double per failure, the caller's retries
+        are bounded) beats refusing every request meanwhile. A server that refuses
+        connections again and again is gone, whatever its record still says."""
+        every = [s for s in self.servers(model_fingerprint, banned_too=True)
+                 if self.bans.worth_waiting_for(s.peer_id)]  # fmt: skip
+        if missing_blocks(every, start, end):
             return None
-        waits = [self.bans.remaining(s.peer_id) for s in blips
-                 if s.start_block < end and start < s.end_block]  # fmt: skip
-        return max(waits, default=0.0)
+        for wait in sorted({0.0, *(self.bans.remaining(s.peer_id) for s in every)}):
+            ready = [s for s in every if self.bans.remaining(s.peer_id) <= wait]
+            if not missing_blocks(ready, start, end):
+                return wait
+        return None  # not reached: at the longest wait every server is ready
 
     def num_blocks(self, model_fingerprint: str) -> int | None:
         records = records_for_model(self.table.live(time.time()), model_fingerprint)
