@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -139,6 +140,10 @@ class BlockServer:
         tick = min(tick_s, max(self.config.session_timeout_s / 4, 0.05))
         while True:
             self.sessions.reap()
+            for sid in self.handoff.unclaimed(time.monotonic()):
+                log.info("handed-over session %s was not resumed: closed", sid)
+                self.handoff.unpark(sid)
+                self.sessions.close(sid)
             load = self.metrics.load()  # steps/s and tokens/s, charted by the dashboard
             stalled = self.runtime.watchdog.check()  # > 0: degraded, routing avoids it
             now = (self.budget.tokens_left, len(self.sessions.sessions), self.sessions.held(),

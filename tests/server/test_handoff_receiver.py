@@ -9,6 +9,7 @@ validly (taken, and the session steps on there exactly), then forged every other
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import secrets
 import time
@@ -20,6 +21,7 @@ import torch
 
 from drift.identity import Identity
 from drift.server.handoff import HANDOFF_PATH, _snapshot, sign_offer
+from drift.server.handoff_hub import PARK_TIMEOUT_S
 from drift.wire.frames import encode_frame
 from drift.wire.handoff import HandoffOffer, ResumeSession
 from tests.server.wsclient import RawSession
@@ -107,4 +109,20 @@ async def test_only_a_fresh_signed_offer_of_a_member_within_budget_is_taken(
             moved.step_id = 1
             out = await moved.step(hidden[:, 5:], 5)
         assert torch.allclose(out, expected, atol=1e-5)
+
+        # a session handed over that no client resumes (its client left) is not held for
+        # the whole session timeout: closed once PARK_TIMEOUT_S have passed
+        orphan = await _offer(http, receiver.url, sign_offer(sender.node, offer, target), pieces)
+        assert orphan.get("type") == "handoff_accepted", orphan
+        hub = receiver.server.handoff
+        assert hub.unclaimed(time.monotonic()) == []
+        assert hub.unclaimed(time.monotonic() + PARK_TIMEOUT_S + 1) == [orphan["session_id"]]
+        held = await _active(http, receiver.url)
+        hub.parked_at[orphan["session_id"]] -= PARK_TIMEOUT_S + 1  # as if a minute went by
+        deadline = time.monotonic() + 10
+        while orphan["session_id"] in receiver.server.sessions.sessions:
+            assert time.monotonic() < deadline, "the unclaimed session was never closed"
+            await asyncio.sleep(0.1)
+        assert orphan["session_id"] not in hub.parked
+        assert await _active(http, receiver.url) == held - 1
         await raw.close()
