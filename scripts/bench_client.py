@@ -8,12 +8,14 @@ pushed, the default: the span's compute and one link after the previous reply; `
 relays), each server's step time (from its /metrics) and what is left (generate() and
 client glue).
 
-Threads: local runs with torch.set_num_threads(1); every server process gets
-OMP_NUM_THREADS=1 and the client too. Decoding is a pipeline, so one process computes at a
-time: one compute thread busy at any moment on both sides (the fair comparison here; the
-machine has 2 cores, shared).
+Threads: by default none are set anywhere (`--threads default`: local transformers, the
+client and every `drift server` use torch's own default, as users run them; any
+OMP_NUM_THREADS / MKL_NUM_THREADS in this shell is dropped for the servers and must not be
+set for this process). `--threads 1` gives every process one compute thread (decoding is a
+pipeline, so one process computes at a time). Time to first token: one generate() of a single
+new token, per rep, local and swarm.
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_client.py --new 32 --reps 5
+    .venv/bin/python scripts/bench_client.py --new 32 --reps 5
 """
 
 from __future__ import annotations
@@ -92,13 +94,17 @@ class ServerProcs:
     """`drift server` processes over consecutive spans, joined into one swarm."""
 
     def __init__(self, model: str, spans: list[tuple[int, int]], tmp: Path,
-                 extra: tuple[str, ...] | list[str] = ()) -> None:  # fmt: skip
-        """`extra`: more `drift server` flags for every server (e.g. --adapters)."""
+                 extra: tuple[str, ...] | list[str] = (), threads: str = "1") -> None:  # fmt: skip
+        """`extra`: more `drift server` flags for every server (e.g. --adapters); `threads`:
+        each server's OMP_NUM_THREADS, or "default" for none (torch's own choice)."""
         self.procs: list[subprocess.Popen[bytes]] = []
         self.urls: list[str] = []
         self.spans = spans
         self.token = ""
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}  # fmt: skip
+        if threads != "default":
+            env |= {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
         for i, (start, end) in enumerate(spans):
             log = tmp / f"server-{start}-{end}.log"
             cmd = [sys.executable, "-m", "drift.cli", "server", model, "--block_indices",
@@ -172,6 +178,14 @@ def timed_generate(model: Any, new: int) -> float:
         return (time.perf_counter() - start) / new
 
 
+def ttft(model: Any) -> float:
+    """Seconds of one greedy generate() of a single new token (prefill + first token)."""
+    with torch.no_grad():
+        start = time.perf_counter()
+        model.generate(PROMPT, max_new_tokens=1, min_new_tokens=1, do_sample=False)
+        return time.perf_counter() - start
+
+
 def run_swarm(model: Any, procs: ServerProcs, new: int, rows: dict[str, list[float]]) -> float:
     """One timed generate() on the swarm; appends per-token ms of each part to `rows`."""
     before = procs.step_seconds()
@@ -235,14 +249,21 @@ def main() -> None:
         choices=["auto", "on", "off"],
         help="the servers' --compile (how decode steps run; default: theirs)",
     )
+    parser.add_argument("--threads", default="default",
+                        help="compute threads per process: 'default' (none set: as users run "
+                        "it) or a number (default: default)")  # fmt: skip
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    if args.threads != "default":
+        torch.set_num_threads(int(args.threads))
+    elif os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS"):
+        raise SystemExit("--threads default: unset OMP_NUM_THREADS / MKL_NUM_THREADS first")
     directory = open_checkpoint(args.model).path
     local = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
     n = local.config.num_hidden_layers
     parts = [int(p) for p in args.parts.split(",")]
     swarms: dict[int, tuple[ServerProcs, Any]] = {}
     rates: dict[str, list[float]] = defaultdict(list)
+    firsts: dict[str, list[float]] = defaultdict(list)  # time to first token, seconds
     rows: dict[int, dict[str, list[float]]] = {p: defaultdict(list) for p in [0, *parts]}
     instrument_local(local)
     with tempfile.TemporaryDirectory() as tmp:
@@ -254,6 +275,7 @@ def main() -> None:
                     list(zip(bounds, bounds[1:], strict=False)),
                     Path(tmp),
                     extra=() if args.compile is None else ("--compile", args.compile),
+                    threads=args.threads,
                 )
                 model = AutoDistributedModelForCausalLM.from_pretrained(
                     directory, initial_peers=procs.token,
@@ -265,8 +287,10 @@ def main() -> None:
                 model.generate(PROMPT, max_new_tokens=4, do_sample=False)  # warm up
             local.generate(PROMPT, max_new_tokens=4, do_sample=False)
             for rep in range(args.reps):
+                firsts["local"].append(ttft(local))
                 rates["local"].append(1 / run_local(local, args.new, rows[0]))
                 for p, (procs, model) in swarms.items():
+                    firsts[f"{p} servers"].append(ttft(model))
                     rates[f"{p} servers"].append(1 / run_swarm(model, procs, args.new, rows[p]))
                 print(f"rep {rep + 1}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in rates.items()),
                       flush=True)  # fmt: skip
@@ -274,14 +298,21 @@ def main() -> None:
             for procs, model in swarms.values():
                 model.close()
                 procs.stop()
-    report(args, rates, rows)
+    report(args, rates, rows, firsts)
 
 
-def report(args: Any, rates: dict[str, list[float]], rows: dict[int, dict[str, list[float]]]):
+def report(args: Any, rates: dict[str, list[float]], rows: dict[int, dict[str, list[float]]],
+           firsts: dict[str, list[float]]) -> None:  # fmt: skip
     med = {k: statistics.median(v) for k, v in rates.items()}
+    threads = "torch's default threads" if args.threads == "default" else (
+        f"{args.threads} compute thread(s) per process")  # fmt: skip
     print(f"\n{args.model}, {args.new} new tokens after a {PROMPT.shape[1]}-token prompt, "
-          f"medians of {args.reps} interleaved runs, 1 compute thread per process, servers' "
+          f"medians of {args.reps} interleaved runs, {threads}, servers' "
           f"--compile {args.compile or 'default'}")  # fmt: skip
+    first = {k: statistics.median(v) * 1e3 for k, v in firsts.items()}
+    print("time to first token (ms): " + ", ".join(
+        f"{k} {v:.0f}" + ("" if k == "local" else f" ({v / first['local']:.2f}x local)")
+        for k, v in first.items()))  # fmt: skip
     print(f"local transformers: {med['local']:6.2f} tokens/s  ({1e3 / med['local']:.1f} ms/token)")
     for label, values in rows.pop(0).items():
         print(f"    {label:<42} {statistics.median(values):7.2f} ms/token")

@@ -52,9 +52,10 @@ export function renderCoverage(root, coverage, records) {
   }
   for (const { record, lane } of placed) { // one bar per server span
     const bar = el("div", {
-      class: `bar ${record.state}`, "data-testid": "coverage-bar", "data-peer-id": record.peer_id,
+      class: `bar ${record.state}${stateMarks(record).map((m) => " " + m).join("")}`,
+      "data-testid": "coverage-bar", "data-peer-id": record.peer_id,
       "data-start-block": record.start_block, "data-end-block": record.end_block, "data-state": record.state,
-      title: `${record.peer_id}\n${spanText(record)} ${record.state}, ${number(record.throughput)} tok/s/block`,
+      title: `${record.peer_id}\n${spanText(record)} ${stateText(record)}, ${number(record.throughput)} tok/s/block`,
     }, `${shortPeer(record.peer_id)} ${spanText(record)}`);
     bar.style.gridColumn = `${record.start_block + 1} / ${record.end_block + 1}`;
     bar.style.gridRow = `${lane + 2}`;
@@ -111,13 +112,14 @@ export function renderServers(tbody, records, selfPeerId, now, latency = () => n
   tbody.replaceChildren(...sorted.map((r) => {
     const row = el("tr", {
       "data-testid": "server-row", "data-peer-id": r.peer_id, "data-state": r.state,
-      "data-start-block": r.start_block, "data-end-block": r.end_block, class: r.state,
+      "data-start-block": r.start_block, "data-end-block": r.end_block,
+      class: [r.state, ...stateMarks(r)].join(" "),
     });
     const peer = el("td", { class: "peer", title: r.peer_id }, shortPeer(r.peer_id));
     if (r.peer_id === selfPeerId) peer.append(el("span", { class: "self" }, " (this node)"));
     row.append(
       peer,
-      el("td", {}, r.role === "dht" ? `${r.state} · dht` : r.state),
+      el("td", { "data-testid": "state" }, r.role === "dht" ? `${r.state} · dht` : stateText(r)),
       el("td", { class: "addr" }, r.addrs.map(hostPort).join(" ")),
       el("td", { "data-testid": "model", title: adaptersTitle(r) },
         r.model ? r.model + adaptersText(r) : "—"),
@@ -130,11 +132,26 @@ export function renderServers(tbody, records, selfPeerId, now, latency = () => n
         r.role === "dht" ? "—" : sessionsText(r)),
       el("td", { class: "num", "data-testid": "latency" }, r.peer_id === selfPeerId ? "—"
         : latency(r.peer_id) == null ? "—" : `${number(latency(r.peer_id))} ms`),
-      el("td", {}, r.version),
+      el("td", { "data-testid": "version", title: r.protocol ? `wire protocol ${r.protocol}` : null },
+        r.protocol ? `${r.version} · wire ${r.protocol}` : r.version),
       el("td", { title: new Date(r.expires_at * 1000).toISOString() }, expiresIn(r.expires_at, now)),
     );
     return row;
   }));
+}
+
+// What a server's record says beside its state: "draining" (it hands its sessions over and
+// takes no new ones: a graceful stop or a span move) and "degraded" (its watchdog saw its
+// compute stall with work queued: routing avoids it). Both are optional record fields.
+export function stateMarks(r) {
+  const marks = [];
+  if (r.draining) marks.push("draining");
+  if (r.degraded_s > 0) marks.push("degraded");
+  return marks;
+}
+
+export function stateText(r) {
+  return [r.state, ...stateMarks(r)].join(" · ");
 }
 
 // "2" stepping sessions, or "2 +7 held" when some open sessions are idle (a held prefix).

@@ -12,6 +12,7 @@ one left-padded batch (per-row processors, per-row stop: `on_done` the step a ro
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -32,6 +33,7 @@ from drift.api.sampling import (
     SeededSampler,
     TokenTap,
 )
+from drift.wire.errors import LengthExceeded
 
 
 @dataclass(frozen=True)
@@ -139,10 +141,30 @@ class CausalLMEngine:
         self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] = ()
     ) -> list[int]:
         text = self.template.render(messages, tools)
+        self.refuse_unfittable(text, "messages")
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, param: str = "prompt") -> list[int]:
+        self.refuse_unfittable(text, param)
         return list(self.tokenizer(text)["input_ids"])
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token stands for: the vocabulary's longest entry (a
+        byte-level token's characters are its bytes)."""
+        return max((len(t) for t in self.tokenizer.get_vocab()), default=1) or 1
+
+    def refuse_unfittable(self, text: str, param: str) -> None:
+        """LengthExceeded, before any tokenizing, for a text that cannot fit the context
+        whatever its tokens: it needs at least len / max_token_chars of them (halved again
+        for normalisation). A 7 MiB body costs a tokenizer seconds of CPU and ~0.5 GB."""
+        least = len(text) // (2 * self.max_token_chars)
+        if least > self.context_length:
+            raise LengthExceeded(
+                f"this model's maximum context length is {self.context_length} tokens; the "
+                f"prompt is {len(text)} characters, at least {least} tokens. Shorten it.",
+                param=param,
+            )
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)

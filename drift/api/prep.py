@@ -83,7 +83,7 @@ def completion(engine: CausalLMEngine, req: CompletionRequest
 
 def embedding_inputs(engine: CausalLMEngine, inputs: Sequence[str | tuple[int, ...]]
                      ) -> list[list[int]]:  # fmt: skip
-    out = [engine.encode(x) if isinstance(x, str) else list(x) for x in inputs]
+    out = [engine.encode(x, "input") if isinstance(x, str) else list(x) for x in inputs]
     check_ids(engine, out, "input")
     return out
 

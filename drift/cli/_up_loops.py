@@ -110,6 +110,6 @@ async def balance_once(node: MembershipNode, server: BlockServer, ckpt: Any, *,
         return None
     print(f"the swarm is unbalanced: moving from blocks [{b.start_block}, {b.end_block}) "
           f"to [{target[0]}, {target[1]})", flush=True)  # fmt: skip
-    await server.move_to(*target, ckpt=ckpt, drain_timeout_s=drain_timeout_s)
+    await server.move_to(*target, ckpt=ckpt, drain_timeout_s=drain_timeout_s, handoff_via=node)
     print(f"now serving blocks [{target[0]}, {target[1]})", flush=True)
     return target

@@ -42,12 +42,19 @@ def format_members(records: Sequence[PeerRecord], *, now: float | None = None) -
              "sessions", "tokens/s")]  # fmt: skip
     for rec in sorted(records, key=lambda r: (r.span is None, r.start_block or 0)):
         span = format_span(*rec.span) if rec.span is not None else "-"
-        state = rec.state + (" (expired)" if rec.expires_at < now else "")
+        state = state_label(rec) + (" (expired)" if rec.expires_at < now else "")
         rows.append((_short(rec.peer_id), ", ".join(rec.addrs) or "-", rec.role, span, state,
                      weights_label(rec), f"{rec.throughput:.1f}",
                      f"{rec.cache_tokens_left}/{rec.cache_tokens_total}",
                      sessions_label(rec), load_label(rec)))  # fmt: skip
     return _table(rows)
+
+
+def state_label(rec: PeerRecord) -> str:
+    """'online', 'online,draining' (handing its sessions over, taking no new ones) or
+    'online,degraded' (its compute stalled with work queued: routing avoids it)."""
+    marks = ["draining"] * bool(rec.optional("draining")) + ["degraded"] * rec.degraded
+    return ",".join([rec.state, *marks])
 
 
 def sessions_label(rec: PeerRecord) -> str:

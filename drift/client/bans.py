@@ -1,7 +1,9 @@
 """Bans for failing peers, with exponential backoff; the clock is injected.
 
 A peer that fails is skipped by routing until its ban expires; each further failure
-doubles the ban up to a limit, and a success forgets its history.
+doubles the ban up to a limit, and a success forgets its history. A peer that refused the
+connection (nothing listens there) is told apart from one that was slow or busy: routing
+waits for the bans of the latter when only they cover some blocks.
 """
 
 from __future__ import annotations
@@ -19,18 +21,30 @@ class BanList:
         self._clock = clock
         self._failures: dict[str, int] = {}
         self._until: dict[str, float] = {}
+        self._unreachable: set[str] = set()  # peers whose last failure was a refused connection
 
-    def ban(self, peer_id: str) -> float:
-        """Record a failure; returns the ban's length in seconds."""
+    def ban(self, peer_id: str, *, unreachable: bool = False) -> float:
+        """Record a failure (`unreachable`: the connection was refused); returns the ban's
+        length in seconds."""
         n = self._failures.get(peer_id, 0) + 1
         self._failures[peer_id] = n
         length = min(self.base_s * 2 ** (n - 1), self.max_s)
         self._until[peer_id] = self._clock() + length
+        if unreachable:
+            self._unreachable.add(peer_id)
+        else:
+            self._unreachable.discard(peer_id)
         return length
 
     def success(self, peer_id: str) -> None:
         self._failures.pop(peer_id, None)
         self._until.pop(peer_id, None)
+        self._unreachable.discard(peer_id)
+
+    def worth_waiting_for(self, peer_id: str) -> bool:
+        """Failed once (a blip), or last failed by being slow or busy, not by refusing the
+        connection: still there, so its ban is worth waiting out."""
+        return self.failures(peer_id) <= 1 or peer_id not in self._unreachable
 
     def is_banned(self, peer_id: str) -> bool:
         until = self._until.get(peer_id)

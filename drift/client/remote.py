@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import threading
 import time
 import weakref
@@ -47,6 +48,8 @@ from drift.wire.extras import BLOCK_STATES, PER_LAYER_INPUTS, kv_names
 from drift.wire.lora import in_span, split_lora
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,7 @@ class RemoteClient:
             if wait is None:
                 if not self.swarm.servers(self.model_fingerprint, banned_too=True):
                     check_served(self.origin, self.swarm.table.live(time.time()))  # another model?
+                self.swarm.refuse_other_protocols(self.model_fingerprint, start, end)
                 raise
         await asyncio.sleep(wait)
         return choose()
@@ -165,7 +169,9 @@ class RemoteClient:
         """Ban the peer if the error is its fault; re-raise if no retry can help."""
         if not transport.is_retryable(exc):
             raise exc
-        self.bans.ban(hop.peer_id)
+        seconds = self.bans.ban(hop.peer_id, unreachable=refused(exc))
+        log.info("server %s failed on blocks [%d, %d) (%s): not routed to for %.1f s",
+                 hop.peer_id, hop.start_block, hop.end_block, exc, seconds)  # fmt: skip
 
     def count_failure(self, exc: DriftError, hop: Hop, attempts: int) -> int:
         """note_failure, then `attempts` + 1; re-raise `exc` once that passes max_retries."""
@@ -292,6 +298,13 @@ class RemoteClient:
             if g_per_layer is not None:
                 g_kv[PER_LAYER_INPUTS] = g_per_layer
             return g, g_prompts, g_kv
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether `exc` (or the network error behind a PeerUnavailable) is a connection that
+    could not be made: nothing listens at the peer's address."""
+    cause = exc.__cause__ if isinstance(exc, DriftError) else exc
+    return isinstance(cause, aiohttp.ClientConnectorError | ConnectionRefusedError)
 
 
 def with_adapter(servers: list[ServerInfo], adapter: str | None, start: int,

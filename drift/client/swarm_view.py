@@ -18,9 +18,16 @@ from drift.client.config import ClientConfig
 from drift.client.latency import LatencyEwma
 from drift.client.routing import ServerInfo, missing_blocks
 from drift.identity.tokens import JoinToken
-from drift.swarm import MembershipTable, records_for_model
+from drift.swarm import MembershipTable, format_ranges, records_for_model
 from drift.swarm.reader import fetch_table
-from drift.wire.errors import DriftError, Forbidden, PeerUnavailable, Unauthorized
+from drift.wire.errors import (
+    DriftError,
+    Forbidden,
+    MissingBlocks,
+    PeerUnavailable,
+    Unauthorized,
+)
+from drift.wire.version import PROTOCOL_VERSION
 
 
 class SwarmView:
@@ -93,20 +100,47 @@ class SwarmView:
         records = records_for_model(self.table.live(time.time()), model_fingerprint)
         return [ServerInfo.from_record(r, self.rtt_s.get(r.peer_id)) for r in records
                 if r.peer_id not in banned and (banned_too or not r.degraded)
-                and r.model_fingerprint == model_fingerprint
+                and r.model_fingerprint == model_fingerprint and r.speaks_our_protocol()
                 and r.addrs]  # fmt: skip
 
+    def refuse_other_protocols(self, model_fingerprint: str, start: int, end: int) -> None:
+        """MissingBlocks naming the versions when blocks of [start, end) that no server of
+        this protocol covers are served by peers of another major version (a rolling upgrade
+        half done); nothing otherwise."""
+        records = records_for_model(self.table.live(time.time()), model_fingerprint)
+        others = [r for r in records if not r.speaks_our_protocol() and r.addrs]
+        if not others:
+            return
+        missing = missing_blocks(self.servers(model_fingerprint, banned_too=True), start, end)
+        theirs = missing_blocks([ServerInfo.from_record(r) for r in others], start, end)
+        only_theirs = [b for b in missing if b not in set(theirs)]
+        if only_theirs:
+            versions = ", ".join(sorted({str(r.protocol) for r in others}))
+            raise MissingBlocks(
+                f"blocks {format_ranges(only_theirs)} are served only by peers speaking wire "
+                f"protocol {versions}; this client speaks {PROTOCOL_VERSION}: upgrade the "
+                "older side", missing=only_theirs,
+            )  # fmt: skip
+
     def ban_wait(self, model_fingerprint: str, start: int, end: int) -> float | None:
-        """When servers banned after a single failure (a blip, not a dead peer: those fail
-        again) are what covers some of [start, end): seconds until their bans end. None when
-        blocks are missing even with them."""
-        every = self.servers(model_fingerprint, banned_too=True)
-        blips = [s for s in every if self.bans.failures(s.peer_id) <= 1]
-        if missing_blocks(blips, start, end):
+        """When banned servers worth waiting for (live records; failed once, or by being slow
+        or busy rather than refusing the connection: BanList.worth_waiting_for) are what
+        covers some of [start, end): the fewest seconds until enough of their bans end. None
+        when blocks are missing even with them.
+
+        A step that timed out behind a long prefill on a busy CPU makes the only server of a
+        span slow, not missing: waiting for it (bans double per failure, the caller's retries
+        are bounded) beats refusing every request meanwhile. A server that refuses
+        connections again and again is gone, whatever its record still says."""
+        every = [s for s in self.servers(model_fingerprint, banned_too=True)
+                 if self.bans.worth_waiting_for(s.peer_id)]  # fmt: skip
+        if missing_blocks(every, start, end):
             return None
-        waits = [self.bans.remaining(s.peer_id) for s in blips
-                 if s.start_block < end and start < s.end_block]  # fmt: skip
-        return max(waits, default=0.0)
+        for wait in sorted({0.0, *(self.bans.remaining(s.peer_id) for s in every)}):
+            ready = [s for s in every if self.bans.remaining(s.peer_id) <= wait]
+            if not missing_blocks(ready, start, end):
+                return wait
+        return None  # not reached: at the longest wait every server is ready
 
     def num_blocks(self, model_fingerprint: str) -> int | None:
         records = records_for_model(self.table.live(time.time()), model_fingerprint)

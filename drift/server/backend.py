@@ -30,6 +30,7 @@ class SpanBackend:
     def __init__(
         self, span: Any, *, model_name: str, fingerprint: str, max_batch_size: int,
         quant: str = "none", max_request_tokens: int = 8192, chunk_tokens: int = 1024,
+        pace: float | None = None,
     ) -> None:  # fmt: skip
         self.span = span  # drift.models.ModelSpan
         self.model_name = model_name
@@ -38,6 +39,7 @@ class SpanBackend:
         self.quant = quant
         self.max_request_tokens = max_request_tokens  # B x T of one /forward or /backward
         self.chunk_tokens = chunk_tokens  # tokens of one unit of work on the compute thread
+        self.pace = pace  # measured block-tokens/s of one block (None: not measured)
         self.chunks_run = 0  # units of work run (a counter for metrics and tests)
         self.start_block: int = span.start_block
         self.end_block: int = span.end_block

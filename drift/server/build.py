@@ -23,6 +23,7 @@ from drift.models.span import ModelSpan
 from drift.node.runner import BEFORE_STOP
 from drift.server.adapters import load_adapters
 from drift.server.backend import SpanBackend
+from drift.server.chunks import chunk_tokens_for
 from drift.server.compiled import attach_decode
 from drift.server.config import ServerConfig
 from drift.server.handoff import drain
@@ -96,15 +97,19 @@ def load_server(
     if before is not None and after is not None:
         log.info("weights of blocks [%d, %d) take %.1f MiB resident (RSS %.1f -> %.1f MiB)",
                  start, end, (after - before) / 2**20, before / 2**20, after / 2**20)  # fmt: skip
+    # measured (once per device, model, dtype, quantization: cached) even when --throughput
+    # announces another figure: it sizes the units of compute-thread work
+    key = throughput_key(device, ckpt.fingerprint, dtype, quant)
+    pace = cached_throughput(span, key=key, cache_dir=config.cache_dir)
+    chunk = config.chunk_tokens or chunk_tokens_for(pace, end - start)
+    log.info("compute runs in units of at most %d tokens (%.1f block-tokens/s measured)",
+             chunk, pace)  # fmt: skip
     backend = SpanBackend(span, model_name=ckpt.name, fingerprint=ckpt.fingerprint,
                           max_batch_size=config.max_batch_size, quant=quant,
                           max_request_tokens=config.max_request_tokens,
-                          chunk_tokens=config.chunk_tokens)  # fmt: skip
+                          chunk_tokens=chunk, pace=pace)  # fmt: skip
     attach_decode(backend, config.compile)  # compiled (if so) now: before any user's step
-    throughput = config.throughput
-    if throughput is None:
-        key = throughput_key(device, ckpt.fingerprint, dtype, quant)
-        throughput = cached_throughput(span, key=key, cache_dir=config.cache_dir)
+    throughput = config.throughput if config.throughput is not None else pace
     return BlockServer(config, backend, throughput=throughput)
 
 

@@ -16,6 +16,24 @@ from typing import Any
 import torch
 
 Chunk = Callable[[], Any]  # one unit of torch work for the compute thread
+# One unit of work should take about this long at the span's measured pace: a decode step of
+# another session waits behind at most one unit (clients time steps out after 2 s at least).
+CHUNK_TARGET_S = 1.0
+MIN_CHUNK_TOKENS, MAX_CHUNK_TOKENS = 64, 1024
+
+
+def chunk_tokens_for(pace: float, n_blocks: int) -> int:
+    """Tokens per unit of compute-thread work for a span of `n_blocks` blocks that runs
+    `pace` block-tokens/s (measured on 16 tokens: a prefill runs faster, so a unit takes
+    less than CHUNK_TARGET_S): the largest power of two that fits, in [MIN, MAX].
+
+    SmolLM2 float32 [0, 15) on one CPU core: 256 tokens, units of ~0.64 s (1,024 took 2.4 s,
+    past a client's step timeout), the same 4.0 s for a 2,048-token prefill; a GPU: 1,024."""
+    fits = min(pace * CHUNK_TARGET_S / max(n_blocks, 1), MAX_CHUNK_TOKENS)
+    tokens = MIN_CHUNK_TOKENS
+    while tokens * 2 <= fits:
+        tokens *= 2
+    return tokens
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,9 @@ class ServerConfig:
     max_body_bytes: int = 64 << 20  # bytes: largest request body or WebSocket message (413)
     max_sockets: int = 512  # inference WebSockets open at once; more get 429 at the handshake
     max_request_tokens: int = 8192  # tokens (B x T) of one /forward or /backward (413 past it)
-    chunk_tokens: int = 1024  # tokens per unit of compute: longer work is cut, others run between
+    # tokens per unit of compute (longer work is cut, others run between); None: sized to the
+    # span's measured pace (drift.server.chunks.chunk_tokens_for)
+    chunk_tokens: int | None = None
     # milliseconds a batch of concurrent sessions' steps waits after the latest step came for
     # those of sessions that stepped in the last second, at most 5x in all (they then run
     # together; 0: run what is queued)

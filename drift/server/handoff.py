@@ -76,6 +76,15 @@ async def drain(server: BlockServer, node: MembershipNode, timeout_s: float) -> 
     )
     with contextlib.suppress(Exception):
         node.announce(draining=1)
+    live = await hand_over_all(server, node, deadline)
+    while loop.time() < deadline and not all(ws.closed for ws in hub.left_open.values()):
+        await asyncio.sleep(0.05)
+    log.info("drained: %d of %d session(s) handed over", len(hub.moved), live)
+
+
+async def hand_over_all(server: BlockServer, node: MembershipNode, deadline: float) -> int:
+    """Each live session to a replacement (PARALLEL at a time) by `deadline` (loop time):
+    a drain's work, and a span move's before it waits for what stays; how many were live."""
     limit = asyncio.Semaphore(PARALLEL)
 
     async def one(session: Session) -> None:
@@ -84,11 +93,9 @@ async def drain(server: BlockServer, node: MembershipNode, timeout_s: float) -> 
 
     live = list(server.sessions.sessions.values())
     if live:
-        log.info("draining: handing %d session(s) over", len(live))
+        log.info("handing %d session(s) over", len(live))
         await asyncio.gather(*(one(s) for s in live))
-    while loop.time() < deadline and not all(ws.closed for ws in hub.left_open.values()):
-        await asyncio.sleep(0.05)
-    log.info("drained: %d of %d session(s) handed over", len(hub.moved), len(live))
+    return len(live)
 
 
 async def hand_over(server: BlockServer, node: MembershipNode, session: Session,

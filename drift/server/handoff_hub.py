@@ -13,6 +13,11 @@ from aiohttp import web
 
 from drift.wire.handoff import SessionMoved
 
+# A session handed to this server waits this long for its client to resume it: a client
+# that steps learns of the move at once; one that does not (gone, or an idle held session)
+# replays if it comes back later, and the room is not held for the whole session_timeout.
+PARK_TIMEOUT_S = 60.0
+
 
 @dataclass
 class HandoffHub:
@@ -22,10 +27,23 @@ class HandoffHub:
     pending: dict[str, asyncio.Event] = field(default_factory=dict)
     moved: dict[str, SessionMoved] = field(default_factory=dict)
     parked: dict[str, str] = field(default_factory=dict)  # session id -> resume token
+    parked_at: dict[str, float] = field(default_factory=dict)  # session id -> monotonic time
     nonces: set[str] = field(default_factory=set)  # offers taken (a replayed one is refused)
     # the client sockets of moved sessions, open until their clients leave for the new home
     left_open: dict[str, web.WebSocketResponse] = field(default_factory=dict)
     draining: bool = False
+
+    def park(self, session_id: str, token: str, now: float) -> None:
+        self.parked[session_id], self.parked_at[session_id] = token, now
+
+    def unpark(self, session_id: str) -> None:
+        self.parked.pop(session_id, None)
+        self.parked_at.pop(session_id, None)
+
+    def unclaimed(self, now: float, after_s: float = PARK_TIMEOUT_S) -> list[str]:
+        """Sessions handed here that no client resumed within `after_s` (its client left,
+        or the session was an idle one nobody steps again): to be closed."""
+        return [sid for sid, at in self.parked_at.items() if now - at > after_s]
 
     async def answer_moved(self, ws: web.WebSocketResponse, session_id: str | None,
                            step_id: object) -> bool:  # fmt: skip

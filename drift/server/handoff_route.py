@@ -4,7 +4,8 @@ A draining member sends a signed offer (drift.wire.handoff): it is taken only fr
 member of this server's table (its identity signature checked, fresh, never replayed), for
 the model and blocks served here, within the KV budget (reserved like an `open`); then the
 K/V pieces, in order, each checked against the offer, within a time bound. The session is
-parked until its client sends `resume` with the token (or it is reaped like an idle one).
+parked until its client sends `resume` with the token (closed if none does within
+PARK_TIMEOUT_S).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 import orjson
 import torch
 from aiohttp import WSMsgType, web
+from transformers.cache_utils import CacheLayerMixin, DummyLayer
 
 from drift.identity import verify_signature
 from drift.node.app import NODE
@@ -107,7 +109,7 @@ async def _receive(server: BlockServer, node: MembershipNode,
         server.sessions.close(session.session_id)
         raise
     token = secrets.token_hex(16)
-    server.handoff.parked[session.session_id] = token
+    server.handoff.park(session.session_id, token, time.monotonic())
     log.info("took session over from %s: blocks [%d, %d), %d tokens", offer.sender,
              offer.start_block, offer.end_block, offer.position)  # fmt: skip
     return HandoffAccepted(session.session_id, token)
@@ -148,6 +150,9 @@ def _install(session: Session, offer: HandoffOffer, keys: dict[int, torch.Tensor
         raise BadRequest(f"handoff layers outside the model's {n_layers} cache layers")
     for x in offer.layers:
         layer = span_session.cache.layers[x.block]
+        if isinstance(layer, DummyLayer) or not isinstance(layer, CacheLayerMixin):
+            raise BadRequest(f"handoff layer {x.block} is not one a session over "
+                             f"[{offer.start_block}, {offer.end_block}) holds here")  # fmt: skip
         k, v = keys[x.block].to(device, dtype), values[x.block].to(device, dtype)
         layer.lazy_initialization(k, v)
         layer.keys, layer.values = k, v
@@ -164,6 +169,6 @@ def resume(server: BlockServer, obj: object, ws: web.WebSocketResponse) -> Sessi
     if token is None or not secrets.compare_digest(token, req.token):
         raise UnknownSession(f"no handed-over session {req.session_id} waits here")
     session = server.sessions.get(req.session_id)
-    del server.handoff.parked[req.session_id]
+    server.handoff.unpark(req.session_id)
     session.last_used, session.socket = time.monotonic(), ws
     return SessionOpened(req.session_id, session.request.max_length, session.push_token)

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 from drift.models.checkpoint import Checkpoint, open_checkpoint
 from drift.models.span import ModelSpan
 from drift.server.adapters import load_adapters
 from drift.server.backend import SpanBackend
+from drift.server.chunks import chunk_tokens_for
 from drift.server.compiled import attach_decode
 from drift.server.config import ServerConfig
 from drift.server.runtime import SpanRuntime
@@ -27,25 +29,34 @@ DRAIN_TICK_S = 0.05  # seconds between checks for drained sessions
 
 
 async def prepare_move(current: SpanRuntime, config: ServerConfig, start_block: int,
-                       end_block: int, *, ckpt: Checkpoint | None,
-                       drain_timeout_s: float) -> SpanRuntime:  # fmt: skip
+                       end_block: int, *, ckpt: Checkpoint | None, drain_timeout_s: float,
+                       before_drain: Callable[[float], Awaitable[object]] | None = None,
+                       ) -> SpanRuntime:  # fmt: skip
     """Load [start_block, end_block) beside `current`, then drain `current`'s sessions; the
-    new runtime to swap in. Cancelled or failed: `current` keeps serving, accepting again."""
+    new runtime to swap in. `before_drain(deadline)`, once new sessions are refused: hand the
+    live ones over (drift.server.handoff) by that loop time. Cancelled or failed: `current`
+    keeps serving, accepting again."""
     old = current.backend
     loop = asyncio.get_running_loop()
     # Loaded on the default executor: the old span keeps computing on its own thread.
     span = await loop.run_in_executor(None, _load, config, old, ckpt, start_block, end_block)
+    chunk = old.chunk_tokens  # the same pace per block: units sized for the new span's length
+    if config.chunk_tokens is None and old.pace is not None:
+        chunk = chunk_tokens_for(old.pace, end_block - start_block)
     backend = SpanBackend(span, model_name=old.model_name, fingerprint=old.fingerprint,
                           max_batch_size=old.max_batch_size, quant=old.quant,
                           max_request_tokens=old.max_request_tokens,
-                          chunk_tokens=old.chunk_tokens)  # fmt: skip
+                          chunk_tokens=chunk, pace=old.pace)  # fmt: skip
     await loop.run_in_executor(None, attach_decode, backend, config.compile)
     current.sessions.refusing = (
         f"this server is moving to blocks [{start_block}, {end_block}); open the session "
         "on another server or retry here in a moment"
     )
     try:
-        await _drain(current.sessions, loop.time() + drain_timeout_s)
+        deadline = loop.time() + drain_timeout_s
+        if before_drain is not None:
+            await before_drain(deadline)
+        await _drain(current.sessions, deadline)
     except BaseException:  # cancelled: keep serving the old span, accepting sessions again
         current.sessions.refusing = None
         backend.executor.shutdown(wait=False)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ from drift.identity import Identity, verify_signature
 from drift.wire.addr import addr_problem
 from drift.wire.errors import BadRequest
 from drift.wire.lora import check_adapter_names
+from drift.wire.version import PROTOCOL_VERSION, same_major
 
 STATES = ("joining", "online", "offline")
 ROLES = ("server", "dht")
@@ -27,6 +29,12 @@ MAX_ADDRS = 8  # addresses one record may announce
 MAX_ADAPTERS = 16  # LoRA adapter names one record may announce
 # typed fields a record carries only when set (records without them stay byte-identical)
 TYPED_OPTIONAL = ("adapters",)
+# The wire protocol a peer speaks ("major.minor", drift.wire.version), kept in `extra` like the
+# optional numbers: records of peers that predate the field have none and are taken to speak
+# this major version. A peer of another major version stays in the table (status and the
+# dashboard show it) but serves no block for routing.
+PROTOCOL_FIELD = "protocol"
+_PROTOCOL_RE = re.compile(r"\d{1,4}\.\d{1,4}")
 
 _NUM = (int, float)
 # field -> (allowed python types, nullable)
@@ -127,10 +135,21 @@ class PeerRecord:
         """Its watchdog says its compute stalls (`degraded_s` > 0; older peers never say)."""
         return (self.optional("degraded_s") or 0.0) > 0
 
+    @property
+    def protocol(self) -> str | None:
+        """The wire protocol it speaks ("major.minor"); None from peers that predate saying."""
+        value = dict(self.extra).get(PROTOCOL_FIELD)
+        return value if isinstance(value, str) else None
+
+    def speaks_our_protocol(self) -> bool:
+        """Whether its routes take this peer's messages: the same protocol major version."""
+        return self.protocol is None or same_major(self.protocol)
+
     def serves(self, block: int) -> bool:
         return (
             self.state == "online"
             and not self.degraded
+            and self.speaks_our_protocol()
             and not self.optional("draining")
             and self.start_block is not None
             and self.end_block is not None
@@ -181,6 +200,10 @@ class PeerRecord:
                 not isinstance(value, _NUM) or isinstance(value, bool) or not value >= 0
             ):
                 raise BadRequest(f"membership record field {name!r} must be a number >= 0")
+            if name == PROTOCOL_FIELD and not (
+                isinstance(value, str) and _PROTOCOL_RE.fullmatch(value)
+            ):
+                raise BadRequest(f"membership record field {name!r} must be 'major.minor'")
         record = cls(**values, signature=signature, adapters=_adapters(data.get("adapters", [])),
                      extra=extra)  # fmt: skip
         size = len(record.canonical()) + len(signature)
@@ -248,6 +271,7 @@ def default_fields(
         "version": version,
         "seq": 0,
         "expires_at": 0.0,
+        PROTOCOL_FIELD: PROTOCOL_VERSION,
     }
 
 
@@ -265,7 +289,7 @@ def sign_record(identity: Identity, fields: dict[str, Any]) -> PeerRecord:
 
 
 def record_fields() -> tuple[str, ...]:
-    return (*_SCHEMA, *TYPED_OPTIONAL, *OPTIONAL_FIELDS)
+    return (*_SCHEMA, *TYPED_OPTIONAL, *OPTIONAL_FIELDS, PROTOCOL_FIELD)
 
 
 __all__ = [

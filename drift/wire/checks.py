@@ -18,7 +18,7 @@ import torch
 from drift.wire.errors import BadRequest, BadTensor, LengthExceeded, VersionMismatch
 from drift.wire.extras import NO_EXTRAS, ExtraSpec, Shape
 from drift.wire.lora import LoraTarget, check_adapter_names, lora_name, parse_lora_name, split_lora
-from drift.wire.version import PROTOCOL_VERSION
+from drift.wire.version import PROTOCOL_VERSION, same_major
 
 ACTIVATION_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -35,7 +35,7 @@ def check_version(params: dict[str, Any]) -> None:
     version = params.get("version")
     if not isinstance(version, str) or not version:
         raise BadRequest(f"missing 'version' (this peer speaks protocol {PROTOCOL_VERSION})")
-    if version.split(".")[0] != PROTOCOL_VERSION.split(".")[0]:
+    if not same_major(version):
         raise VersionMismatch(
             f"protocol version {version} is not compatible with {PROTOCOL_VERSION}: "
             "upgrade the older peer"

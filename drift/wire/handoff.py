@@ -123,8 +123,11 @@ class HandoffOffer:
             raise BadRequest(f"handoff layers must be a list of 1 to {MAX_LAYERS} objects")
         layers = tuple(LayerKV.from_wire(x, batch) for x in raw)
         blocks = [x.block for x in layers]
-        if len(set(blocks)) != len(blocks) or not all(start <= b < end for b in blocks):
-            raise BadRequest(f"handoff layers {blocks} repeat or fall outside [{start}, {end})")
+        # a span's own blocks, and donors before it whose K/V its blocks read (Gemma 4: the
+        # K/V a client carried across a cut live in the donor's cache slot)
+        if len(set(blocks)) != len(blocks) or not all(0 <= b < end for b in blocks):
+            raise BadRequest(f"handoff layers {blocks} repeat or fall outside [0, {end}) "
+                             f"(the blocks of [{start}, {end}) and the donors they read)")  # fmt: skip
         issued = obj.get("issued_at")
         if not isinstance(issued, int | float) or isinstance(issued, bool):
             raise BadRequest("handoff issued_at must be a number")

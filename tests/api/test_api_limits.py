@@ -122,3 +122,41 @@ async def test_cross_origin_text_plain_post_is_refused_without_keys(keyless_url:
             headers={"Content-Type": "application/json"},
         ) as resp:
             assert resp.status == 200, await resp.text()
+
+
+async def test_a_prompt_far_past_the_context_is_refused_before_tokenizing(local_model) -> None:
+    """A 7 MB prompt cannot fit any context (it needs at least len / the vocabulary's longest
+    token of them): chat, completions and embeddings refuse it by its length, and no such
+    text reaches the tokenizer (which would spend seconds and ~0.5 GB on it)."""
+    model, tokenizer = local_model
+    engine = CausalLMEngine(model, tokenizer, model_id=MODEL_ID)
+    seen: list[int] = []
+
+    class Counting:  # the real tokenizer, noting the length of every text it is given
+        def __call__(self, text, *args, **kwargs):
+            seen.append(len(text))
+            return tokenizer(text, *args, **kwargs)
+
+        def __getattr__(self, name: str):
+            return getattr(tokenizer, name)
+
+    engine.tokenizer = Counting()
+    runner, url = await start_app(build_api_app(engine, ApiConfig(api_keys=(API_KEY,))))
+    text = "lorem ipsum " * 600_000  # 7.2 M characters
+    try:
+        for path, body in (
+            ("/v1/chat/completions", {"model": MODEL_ID, "max_tokens": 1,
+                                      "messages": [{"role": "user", "content": text}]}),
+            ("/v1/completions", {"model": MODEL_ID, "max_tokens": 1, "prompt": text}),
+            ("/v1/embeddings", {"model": MODEL_ID, "input": text}),
+        ):  # fmt: skip
+            status, payload = await post(url, path, body)
+            assert status == 400, (path, payload)
+            assert payload["error"]["code"] == "context_length_exceeded", payload
+            assert "maximum context length" in payload["error"]["message"]
+        assert max(seen, default=0) < 100_000, "a 7 MB text reached the tokenizer"
+        status, payload = await post(url, "/v1/chat/completions",
+                                     {"model": MODEL_ID, "messages": MESSAGES, "max_tokens": 2})  # fmt: skip
+        assert status == 200, payload  # what fits is answered as before
+    finally:
+        await runner.cleanup()

@@ -66,3 +66,20 @@ def test_format_members_shows_live_tokens_per_s():
     header, *rows = format_members([busy, quiet], now=200.0)
     assert header.split()[-1] == "tokens/s"
     assert [row.split()[-1] for row in rows] == ["12.5", "-"]
+
+
+def test_format_members_shows_draining_and_degraded_servers():
+    import dataclasses
+
+    base = make_record(span=(0, 2), expires_at=300.0)
+    draining = dataclasses.replace(base, extra=(("draining", 1),))
+    degraded = dataclasses.replace(make_record(span=(2, 4), expires_at=300.0),
+                                   extra=(("degraded_s", 31.5),))  # fmt: skip
+    healthy = dataclasses.replace(make_record(span=(0, 2), expires_at=300.0),
+                                  extra=(("draining", 0), ("degraded_s", 0.0)))  # fmt: skip
+    header, *rows = format_members([draining, degraded, healthy], now=200.0)
+    states = {row.split()[0]: row.split()[5] for row in rows}  # "[0, 2)" is two words
+    short = {r.peer_id: f"{r.peer_id[:8]}..{r.peer_id[-6:]}" for r in (draining, degraded, healthy)}
+    assert states[short[draining.peer_id]] == "online,draining"
+    assert states[short[degraded.peer_id]] == "online,degraded"
+    assert states[short[healthy.peer_id]] == "online"

@@ -51,8 +51,9 @@ async def test_client_survives_losing_its_initial_peer(tiny_dirs, swarm_model):
 
 
 async def test_peers_banned_a_moment_ago_are_waited_for_not_missing(tiny_dirs, swarm_model):
-    """Every server of a span just failed once (a needless timeout under load, say): routing
-    waits for the shortest way back rather than calling the blocks missing."""
+    """Every server of a span just failed (a needless timeout under load, say), once or
+    again and again: while their records are live, routing waits for the shortest way back
+    rather than calling the blocks missing; once they are gone from the table, they are."""
     model_dir = tiny_dirs("llama")
     ids = torch.tensor([[9, 8, 7, 6]])
     config = ClientConfig(ban_base_s=0.3, ban_max_s=1.0)
@@ -65,9 +66,17 @@ async def test_peers_banned_a_moment_ago_are_waited_for_not_missing(tiny_dirs, s
     assert model.client.swarm.ban_wait(model.client.model_fingerprint, 0, 2) == 0.0
     out = await asyncio.to_thread(model.generate, ids, max_new_tokens=4, do_sample=False)
     assert torch.equal(out, ref)
-    for peer in upper:  # failing again and again: gone, not a blip
+    for peer in upper:  # failing again and again with a live record: slow, waited for
+        model.client.bans.success(peer)  # (the run above forgot the one it used)
         model.client.bans.ban(peer)
-        model.client.bans.ban(peer)
+        model.client.bans.ban(peer)  # banned 0.6 s
+    model.client.bans.ban(upper[0])  # 1 s: the shortest way back is the other one's ban
+    wait = model.client.swarm.ban_wait(model.client.model_fingerprint, 2, 4)
+    assert wait is not None and 0 < wait < model.client.bans.remaining(upper[0])  # 0.6 vs 1 s
+    out = await asyncio.to_thread(model.generate, ids, max_new_tokens=4, do_sample=False)
+    assert torch.equal(out, ref)
+    for peer in upper:  # refusing connections again and again: gone, live record or not
+        model.client.bans.ban(peer, unreachable=True)
     assert model.client.swarm.ban_wait(model.client.model_fingerprint, 2, 4) is None
     await swarm.stop(swarm.servers[2])
     await swarm.stop(swarm.servers[1])

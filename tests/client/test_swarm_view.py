@@ -125,3 +125,31 @@ async def test_read_swarm_keeps_only_genuine_newest_records(member: DoctoredMemb
     assert snap.rejected == 6  # 2 bad signatures, 1 stale, 1 expired, 2 malformed
     [cov] = snap.coverages(FP)
     assert cov.missing == () and [b.throughput for b in cov.blocks] == [10.0, 10.0, 20.0, 20.0]
+
+
+def test_a_refused_connection_is_told_apart_from_a_slow_peer() -> None:
+    import asyncio
+
+    from drift.client.bans import BanList
+    from drift.client.remote import refused
+    from drift.wire.errors import PeerUnavailable
+
+    def raised(cause: BaseException) -> PeerUnavailable:
+        try:
+            raise PeerUnavailable("peer at http://127.0.0.1:9") from cause
+        except PeerUnavailable as exc:
+            return exc
+
+    assert refused(raised(ConnectionRefusedError(111, "refused")))
+    assert not refused(raised(asyncio.TimeoutError()))
+    assert not refused(PeerUnavailable("no cause"))
+    bans = BanList(1.0, 8.0, clock=lambda: 0.0)
+    bans.ban("slow")
+    bans.ban("slow")
+    assert bans.worth_waiting_for("slow")  # timed out twice: still there
+    bans.ban("gone", unreachable=True)
+    assert bans.worth_waiting_for("gone")  # once: a blip (a restart, say)
+    bans.ban("gone", unreachable=True)
+    assert not bans.worth_waiting_for("gone")  # refused again and again
+    bans.success("gone")
+    assert bans.worth_waiting_for("gone") and bans.failures("gone") == 0

@@ -7,6 +7,7 @@ tests/procs.py; every process is stopped by the fixture that started it.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import queue
 import re
@@ -18,7 +19,10 @@ import threading
 import time
 from pathlib import Path
 
+import aiohttp
+
 from drift.identity import JoinToken, parse_join_token
+from drift.swarm.dial import peer_ssl
 from drift.swarm.reader import read_swarm_blocking
 from tests.procs import DriftProc
 
@@ -126,3 +130,19 @@ def wait_online(token: JoinToken, peer_ids: set[str], timeout: float = 60,
             raise AssertionError(f"{token} lists {sorted(seen)}, wanted {sorted(peer_ids)} "
                                  f"and not {sorted(absent)}")  # fmt: skip
         time.sleep(0.2)
+
+
+def tokens_total(m: Member) -> int:
+    """The member's drift_tokens_total (tokens through its span), from its /metrics over TLS
+    bound to its peer id."""
+
+    async def read() -> int:
+        async with aiohttp.ClientSession() as http:
+            url = f"https://127.0.0.1:{m.port}/metrics"
+            async with http.get(url, ssl=peer_ssl(m.peer_id)) as resp:
+                text = await resp.text()
+        found = re.search(r"^drift_tokens_total (\S+)$", text, re.M)
+        assert found, text
+        return int(float(found.group(1)))
+
+    return asyncio.run(read())

@@ -11,22 +11,19 @@ which the same counter shows: the check above can fail.
 
 from __future__ import annotations
 
-import asyncio
 import re
 import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LogitsProcessorList
 
 from drift.client import AutoDistributedModelForCausalLM, ClientConfig
-from drift.swarm.dial import peer_ssl
 from tests.client.faults import AtStep
-from tests.faults.procs import Member, dht, server, wait_online
+from tests.faults.procs import Member, dht, server, tokens_total, wait_online
 from tests.tiny_models import save_tiny
 
 pytestmark = pytest.mark.timeout(600)
@@ -79,19 +76,6 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swarm]:
 def reference(swarm: Swarm) -> torch.Tensor:
     local = AutoModelForCausalLM.from_pretrained(swarm.model_dir, dtype=torch.float32).eval()
     return local.generate(IDS, max_new_tokens=NEW, do_sample=False)
-
-
-def tokens_total(m: Member) -> int:
-    async def read() -> int:
-        async with aiohttp.ClientSession() as http:
-            url = f"https://127.0.0.1:{m.port}/metrics"
-            async with http.get(url, ssl=peer_ssl(m.peer_id)) as resp:
-                text = await resp.text()
-        found = re.search(r"^drift_tokens_total (\S+)$", text, re.M)
-        assert found, text
-        return int(float(found.group(1)))
-
-    return asyncio.run(read())
 
 
 def run_with_sigterm(

@@ -145,3 +145,30 @@ async def test_lying_shapes_and_encodings_are_400(servers, tiny_llama):
             assert status == 400 and "Content-Encoding" in _error(raw)["message"], raw
         status, _ = await _post(http, f"{running.url}/forward", plain)
         assert status == 200  # the node keeps serving
+
+
+def test_units_of_work_are_sized_to_the_measured_pace():
+    """A decode step waits behind at most one unit of another request's work: units take
+    about CHUNK_TARGET_S at the span's measured pace, in powers of two within bounds."""
+    from drift.server.chunks import CHUNK_TARGET_S, MAX_CHUNK_TOKENS, MIN_CHUNK_TOKENS
+    from drift.server.chunks import chunk_tokens_for as size
+
+    assert size(5684.0, 15) == 256  # SmolLM2 float32 [0, 15) on one core of this CPU
+    assert size(1e7, 40) == MAX_CHUNK_TOKENS  # an accelerator: as before
+    assert size(50.0, 28) == MIN_CHUNK_TOKENS  # a slow CPU with a big span: the floor
+    for pace, blocks in ((3000.0, 10), (20_000.0, 30), (900.0, 3)):
+        tokens = size(pace, blocks)
+        assert tokens & (tokens - 1) == 0
+        assert tokens * blocks / pace <= CHUNK_TARGET_S or tokens == MIN_CHUNK_TOKENS
+        assert tokens == MAX_CHUNK_TOKENS or 2 * tokens * blocks / pace > CHUNK_TARGET_S
+
+
+async def test_a_server_sizes_its_units_unless_told(servers, tiny_llama):
+    running = await servers(tiny_llama, 0, 2)  # no chunk_tokens: sized from the pace
+    backend = running.server.backend
+    assert backend.pace is not None and backend.pace > 0
+    from drift.server.chunks import chunk_tokens_for
+
+    assert backend.chunk_tokens == chunk_tokens_for(backend.pace, 2)
+    told = await servers(tiny_llama, 2, 4, chunk_tokens=64)
+    assert told.server.backend.chunk_tokens == 64

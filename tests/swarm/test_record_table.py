@@ -8,6 +8,7 @@ import dataclasses
 import orjson
 import pytest
 
+from drift import PROTOCOL_VERSION
 from drift.identity import Identity
 from drift.swarm import MembershipTable, PeerRecord, default_fields, sign_record
 from drift.wire.errors import BadRequest
@@ -42,7 +43,8 @@ def test_adapters_field_is_optional_signed_and_checked() -> None:
     assert "adapters" not in plain.to_wire() and plain.adapters == ()  # as older peers sign
     rec = make_record(span=(0, 4), adapters=["chat", "sql"])
     back = PeerRecord.from_wire(orjson.loads(orjson.dumps(rec.to_wire())))
-    assert back.adapters == ("chat", "sql") and back.verify() and back.extra == ()
+    assert back.adapters == ("chat", "sql") and back.verify()
+    assert dict(back.extra) == {"protocol": PROTOCOL_VERSION}  # nothing else left over
     for bad in ("chat", ["a:b"], ["x"] * 2, [str(i) for i in range(17)]):
         with pytest.raises(BadRequest, match="adapters"):
             PeerRecord.from_wire(rec.to_wire() | {"adapters": bad})

@@ -143,6 +143,20 @@ async def test_dashboard_shows_real_swarm(swarm: Swarm, tmp_path: Path) -> None:
         info = await page.evaluate("document.querySelector('[data-testid=node-info]').textContent")
         assert info.endswith(f"serves {model} [2, 4)"), info
 
+        # a draining server (a graceful stop handing its sessions over) says so, row and bar,
+        # on a node that learnt it by gossip
+        c.node.announce(draining=1)
+        row = f'[data-testid=server-row][data-peer-id="{c.node.peer_id}"]'
+        state = f"document.querySelector('{row} [data-testid=state]').textContent"
+        await page.wait_for(f"{state} === 'online · draining'", timeout=30)
+        bar = f'[data-testid=coverage-bar][data-peer-id="{c.node.peer_id}"]'
+        assert await page.evaluate(
+            f"document.querySelector('{bar}').classList.contains('draining')"
+        )
+        assert await page.evaluate(
+            f"document.querySelector('{row}').classList.contains('draining')"
+        )
+
         await page.set_viewport(390, 844, mobile=True)  # phone-sized: still renders, no overflow
         width = await page.evaluate("document.documentElement.scrollWidth")
         assert width <= 400, f"page is {width}px wide on a 390px screen"
