@@ -1,20 +1,22 @@
 """Long contexts: TTFT and decode s/token of the swarm against local transformers.
 
 SmolLM2 (or `--model`, e.g. gemma3-270m) served by 2 `drift server` processes on 127.0.0.1
-(blocks split in half, one compute thread each: OMP_NUM_THREADS=1), against local
-transformers generate() on the same weights (torch.set_num_threads(1)), in the same run.
+(blocks split in half), against local transformers generate() on the same weights, in the
+same run. Threads: `--threads default` (the default: none set anywhere, as users run it;
+unset OMP_NUM_THREADS first) or a number for every process (`--threads 1`: one each).
 For each context length: greedy generate() of `--new` tokens after a random prompt of that
 many tokens; a streamer stamps each token, so TTFT is the prompt's prefill and first token,
 decode the median time between the later tokens. Also printed: the tokens each server
 computed during the prefill and in all (its /metrics drift_tokens_total; a prompt crosses
 each server once: prefill == prompt length), and whether the tokens equal local's.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/bench_context.py --lengths 128,1024,4096
+    PYTHONPATH=. python scripts/bench_context.py --lengths 128,1024,4096
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import sys
@@ -87,8 +89,14 @@ def main() -> None:
     parser.add_argument("--lengths", default="128,1024,4096", help="prompt tokens, comma-separated")
     parser.add_argument("--new", type=int, default=8)
     parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--threads", default="default",
+                        help="compute threads per process: 'default' (none set: as users run "
+                        "it) or a number (default: default)")  # fmt: skip
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    if args.threads != "default":
+        torch.set_num_threads(int(args.threads))
+    elif os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS"):
+        raise SystemExit("--threads default: unset OMP_NUM_THREADS / MKL_NUM_THREADS first")
     lengths = [int(x) for x in args.lengths.split(",")]
     ckpt = open_checkpoint(args.model)
     local = AutoModelForCausalLM.from_pretrained(ckpt.path, dtype=torch.float32).eval()
@@ -98,7 +106,8 @@ def main() -> None:
     flags = ("--inference_max_length", str(room), "--attn_cache_tokens", str(max(8192, room)))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        procs = ServerProcs(str(ckpt.path), [(0, n // 2), (n // 2, n)], Path(tmp), flags)
+        procs = ServerProcs(str(ckpt.path), [(0, n // 2), (n // 2, n)], Path(tmp), flags,
+                            threads=args.threads)  # fmt: skip
         model = None
         try:
             model = AutoDistributedModelForCausalLM.from_pretrained(ckpt.path,
@@ -127,7 +136,7 @@ def main() -> None:
                 model.close()
             procs.stop()
     print(f"\n{args.model} float32, 2 servers [0, {n // 2}) / [{n // 2}, {n}) on loopback, greedy "
-          f"{args.new} new tokens, 1 compute thread per process, local transformers in the same run")  # fmt: skip
+          f"{args.new} new tokens, threads: {args.threads}, local transformers in the same run")  # fmt: skip
     print(
         "| prompt tokens | local TTFT | DRIFT TTFT | TTFT ratio | local s/token | DRIFT s/token "
         "| decode speed vs local | tokens each server computed: prefill / all | same tokens |"

@@ -17,7 +17,10 @@ without delay, each wire form's bytes per step and its logit error against float
 wire (same greedy tokens fed to both, `--new` steps), and at the largest RTT the tokens/s of
 greedy generate() with and without prompt lookup on a prompt that repeats a paragraph.
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_network.py --rtts 0,10,50 --new 8
+Defaults are what users run: TLS on (`--tls off`: plain HTTP), no thread counts set in any
+process (`--threads 1`: one compute thread each; unset OMP_NUM_THREADS for the default).
+
+    .venv/bin/python scripts/bench_network.py --rtts 0,10,50 --new 8
 """
 
 from __future__ import annotations
@@ -151,19 +154,26 @@ def _serve_links(links: list[Link]) -> None:
 class Servers:
     """`drift server` processes on fixed ports, each announcing its link's port."""
 
-    def __init__(self, model: str, spans: list[tuple[int, int]], tmp: Path) -> None:
+    def __init__(self, model: str, spans: list[tuple[int, int]], tmp: Path, *, tls: bool = True,
+                 threads: str = "default") -> None:  # fmt: skip
         self.procs: list[subprocess.Popen[bytes]] = []
         self.ports = [free_port() for _ in spans]
         self.links = [Link(port) for port in self.ports]
         self.link_proc = start_links(self.links)
         self.token = ""
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        self.tls = tls
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}  # fmt: skip
+        if threads != "default":
+            env |= {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
         for (start, end), port, link in zip(spans, self.ports, self.links, strict=True):
             log = tmp / f"server-{start}-{end}.log"
             cmd = [sys.executable, "-m", "drift.cli", "server", model, "--block_indices",
                    f"{start}:{end}", "--host_maddrs", f"/ip4/127.0.0.1/tcp/{port}",
                    "--announce_maddrs", f"/ip4/127.0.0.1/tcp/{link.port}",
-                   "--throughput", "100", "--cache_dir", str(tmp), "--plain_http"]  # fmt: skip
+                   "--throughput", "100", "--cache_dir", str(tmp)]  # fmt: skip
+            if not tls:
+                cmd.append("--plain_http")
             if self.token:
                 cmd += ["--initial_peers", self.token]
             with open(log, "wb") as out:
@@ -183,7 +193,14 @@ class Servers:
         raise TimeoutError(f"no {pattern!r} in {log}")
 
     def _get(self, port: int, path: str) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as resp:
+        """GET on a server's own port (over TLS its certificate is bound to its peer id, not
+        to 127.0.0.1: read here without checking it)."""
+        import ssl
+
+        ctx = ssl.create_default_context()
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        url = f"{'https' if self.tls else 'http'}://127.0.0.1:{port}{path}"
+        with urllib.request.urlopen(url, timeout=10, context=ctx) as resp:
             return resp.read().decode()
 
     def wait_all_listed(self, timeout: float = 120) -> None:
@@ -276,14 +293,29 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=8, help="decode steps per run")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--lookup_new", type=int, default=24, help="tokens for prompt lookup")
+    parser.add_argument(
+        "--tls",
+        default="on",
+        choices=["on", "off"],
+        help="servers over TLS (on, as drift server runs by default) or not",
+    )
+    parser.add_argument(
+        "--threads",
+        default="default",
+        help="compute threads per process: 'default' (none set) or a number",
+    )
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    if args.threads != "default":
+        torch.set_num_threads(int(args.threads))
+    elif os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS"):
+        raise SystemExit("--threads default: unset OMP_NUM_THREADS / MKL_NUM_THREADS first")
     rtts = [float(r) for r in args.rtts.split(",")]
     directory = open_checkpoint(args.model).path
     with tempfile.TemporaryDirectory() as tmp:
         n, p = AutoConfig.from_pretrained(directory).num_hidden_layers, args.servers
         bounds = [n * i // p for i in range(p + 1)]
-        servers = Servers(str(directory), list(zip(bounds, bounds[1:], strict=False)), Path(tmp))
+        servers = Servers(str(directory), list(zip(bounds, bounds[1:], strict=False)), Path(tmp),
+                          tls=args.tls == "on", threads=args.threads)  # fmt: skip
         model = None
         try:
             servers.wait_all_listed()

@@ -10,12 +10,14 @@ the machine's budget (drift.cli._budget) is not made: the kernel would kill the 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from drift.node import MembershipNode
+from drift.server.handoff import hand_over_all
 from drift.swarm import choose_rebalance, coverage, format_ranges, records_for_model
 
 if TYPE_CHECKING:  # torch: imported when a server really starts, not for `drift --help`
@@ -110,6 +112,7 @@ async def balance_once(node: MembershipNode, server: BlockServer, ckpt: Any, *,
         return None
     print(f"the swarm is unbalanced: moving from blocks [{b.start_block}, {b.end_block}) "
           f"to [{target[0]}, {target[1]})", flush=True)  # fmt: skip
-    await server.move_to(*target, ckpt=ckpt, drain_timeout_s=drain_timeout_s, handoff_via=node)
+    await server.move_to(*target, ckpt=ckpt, drain_timeout_s=drain_timeout_s,
+                         before_drain=functools.partial(hand_over_all, server, node))  # fmt: skip
     print(f"now serving blocks [{target[0]}, {target[1]})", flush=True)
     return target

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -19,7 +19,6 @@ from drift.models.checkpoint import Checkpoint
 from drift.server.backend import SpanBackend
 from drift.server.budget import CacheBudget
 from drift.server.config import ServerConfig
-from drift.server.handoff import hand_over_all
 from drift.server.handoff_hub import HandoffHub
 from drift.server.metrics import ServerMetrics
 from drift.server.move import DRAIN_TIMEOUT_S, prepare_move
@@ -28,9 +27,6 @@ from drift.server.runtime import SpanRuntime
 from drift.server.sessions import SessionManager
 from drift.swarm import BlocksInfo
 from drift.wire.errors import BadRequest, Busy
-
-if TYPE_CHECKING:
-    from drift.node.membership import MembershipNode
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +76,11 @@ class BlockServer:
 
     async def move_to(self, start_block: int, end_block: int, *, ckpt: Checkpoint | None = None,
                       drain_timeout_s: float | None = None,
-                      handoff_via: MembershipNode | None = None) -> None:  # fmt: skip
+                      before_drain: Callable[[float], Awaitable[object]] | None = None,
+                      ) -> None:  # fmt: skip
         """Serve [start_block, end_block) instead: load it beside the old span, drain the old
-        sessions (new ones get a retryable `busy`; with `handoff_via`, this server's node, the
-        live ones are first handed to other servers of their blocks, drift.server.handoff),
+        sessions (new ones get a retryable `busy`; `before_drain(deadline)` first, e.g. hand
+        the live ones to other servers of their blocks: drift.server.handoff.hand_over_all),
         swap, re-announce (drift.server.move). BadRequest for a span outside the model, Busy
         while another move runs."""
         old = self.runtime
@@ -96,15 +93,8 @@ class BlockServer:
         self.moving_to = (start_block, end_block)
         try:
             timeout = DRAIN_TIMEOUT_S if drain_timeout_s is None else drain_timeout_s
-            before = None
-            if handoff_via is not None:
-                node = handoff_via
-
-                async def before(deadline: float) -> int:
-                    return await hand_over_all(self, node, deadline)
-
             new = await prepare_move(old, self.config, start_block, end_block, ckpt=ckpt,
-                                     drain_timeout_s=timeout, before_drain=before)  # fmt: skip
+                                     drain_timeout_s=timeout, before_drain=before_drain)  # fmt: skip
             self.runtime = new  # no await since the drain: requests see the old or the new span
             old.sessions.close_all()
             old.backend.executor.shutdown(wait=False)  # queued requests on the old span finish

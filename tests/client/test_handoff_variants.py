@@ -11,6 +11,7 @@ drift_tokens_total grows by less than the history: a replay would be the whole h
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, LogitsProcessorList
 
 from drift.client import ClientConfig
-from drift.server.handoff import drain
+from drift.server.handoff import drain, hand_over_all
 from tests.client.faults import AtStep
 
 NEW, AT = 8, 4  # new tokens; the drain when generation reaches step AT
@@ -135,7 +136,7 @@ async def test_handoff_carries_gemma4_shared_kv(tiny_dirs, swarms, sdk_models):
 
 
 async def test_a_span_move_hands_its_sessions_over(tiny_dirs, swarms, sdk_models):
-    """The balancer's move (BlockServer.move_to with this server's node): the holder of
+    """The balancer's move (BlockServer.move_to handing sessions over first): the holder of
     [2, 4) moves to [0, 2) mid-generation; its session goes to the other [2, 4) server with
     its cache, instead of keeping the move waiting or being replayed."""
     model_dir = tiny_dirs("llama")
@@ -146,7 +147,8 @@ async def test_a_span_move_hands_its_sessions_over(tiny_dirs, swarms, sdk_models
     model = await sdk_models.open(model_dir, swarm.token)
 
     async def move(victim) -> None:
-        await victim.server.move_to(0, 2, drain_timeout_s=20, handoff_via=victim.node)
+        hand_over = functools.partial(hand_over_all, victim.server, victim.node)
+        await victim.server.move_to(0, 2, drain_timeout_s=20, before_drain=hand_over)
         assert (victim.server.backend.start_block, victim.server.backend.end_block) == (0, 2)
 
     out, session, grew = await _drained_generation(swarm, model, ids, 2, leave=move)
