@@ -9,10 +9,9 @@ relays), each server's step time (from its /metrics) and what is left (generate(
 client glue).
 
 Threads: by default none are set anywhere (`--threads default`: local transformers, the
-client and every `drift server` use torch's own default, as users run them; any
-OMP_NUM_THREADS / MKL_NUM_THREADS in this shell is dropped for the servers and must not be
-set for this process). `--threads 1` gives every process one compute thread (decoding is a
-pipeline, so one process computes at a time). Time to first token: one generate() of a single
+client and every `drift server` use torch's own default, as users run them), unless this
+shell sets OMP_NUM_THREADS, which then applies to every process; `--threads N` gives every
+process N compute threads (decoding is a pipeline, so one process computes at a time). Time to first token: one generate() of a single
 new token, per rep, local and swarm.
 
     .venv/bin/python scripts/bench_client.py --new 32 --reps 5
@@ -253,10 +252,10 @@ def main() -> None:
                         help="compute threads per process: 'default' (none set: as users run "
                         "it) or a number (default: default)")  # fmt: skip
     args = parser.parse_args()
+    if args.threads == "default" and os.environ.get("OMP_NUM_THREADS"):
+        args.threads = os.environ["OMP_NUM_THREADS"]  # what this shell asks for, everywhere
     if args.threads != "default":
         torch.set_num_threads(int(args.threads))
-    elif os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS"):
-        raise SystemExit("--threads default: unset OMP_NUM_THREADS / MKL_NUM_THREADS first")
     directory = open_checkpoint(args.model).path
     local = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
     n = local.config.num_hidden_layers
