@@ -19,7 +19,8 @@ from tests.client.faults import AtStep
 from tests.cluster.box import Box
 from tests.cluster.swarm import covered, start_swarm, wait_covered
 
-pytestmark = [pytest.mark.timeout(420)]
+# machines as processes in namespaces, a checkpoint with SmolLM2's tokenizer (demo weights)
+pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]
 BLOCKS = 12
 
 

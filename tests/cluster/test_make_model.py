@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -16,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import make_model  # noqa: E402
 
 
+@pytest.mark.slow  # SmolLM2's tokenizer, from the demo weights package
 def test_tiny_shape_loads_in_transformers(tmp_path: Path) -> None:
     out = make_model.make_model("tiny-llama", tmp_path / "m", shard_bytes=2 << 20)
     index = json.loads((out / "model.safetensors.index.json").read_text())

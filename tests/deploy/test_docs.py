@@ -69,11 +69,13 @@ def live(smollm2_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
             proc.kill()
 
 
+@pytest.mark.slow  # a real SmolLM2 server (the demo weights package)
 @pytest.mark.parametrize("block", [_param(b) for b in BLOCKS])
 def test_documented_block_runs(block: Block, live: Live, tmp_path: Path) -> None:
     run_block(block, live, tmp_path)
 
 
+@pytest.mark.slow
 def test_a_broken_documented_command_fails(live: Live, tmp_path: Path) -> None:
     """The runner is not a rubber stamp: a block whose command is wrong, or whose output
     lacks what its marker expects, or shows an error body, fails."""
