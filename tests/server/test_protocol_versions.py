@@ -151,10 +151,23 @@ async def test_clients_route_around_another_major_and_say_so(tiny_dirs, swarms, 
     msg = info.value.message
     assert "blocks 2-3" in msg and NEXT_MAJOR in msg and PROTOCOL_VERSION in msg, msg
     current = await swarm.add_server(2, 4)
+    await _until_client_sees(model, current.node.peer_id)
     out = await asyncio.to_thread(model.generate, ids, max_new_tokens=4, do_sample=False)
     assert torch.equal(out, ref)
     assert await _tokens(upgraded.url) == 0, "a client stepped on a server of another major"
     assert await _tokens(current.url) > 0
+
+
+async def _until_client_sees(model, peer_id: str, timeout_s: float = 20) -> None:
+    """Until the client's own view of the swarm lists `peer_id` as a server it may use."""
+    client = model.client
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        await asyncio.to_thread(client.run, client.swarm.refresh(force=True))
+        if any(s.peer_id == peer_id for s in client.swarm.servers(client.model_fingerprint)):
+            return
+        assert asyncio.get_running_loop().time() < deadline, "the client never saw the server"
+        await asyncio.sleep(0.1)
 
 
 async def _until_seed_sees(seed, peer_id: str, protocol: str, timeout_s: float = 10) -> None:
