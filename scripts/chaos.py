@@ -87,6 +87,13 @@ class Findings:
         return lines
 
 
+def unverified_tls() -> ssl.SSLContext:
+    """TLS that does not check the server's certificate (bound to a peer id, not a host)."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    return ctx
+
+
 def _record(addrs: list[str]) -> dict:
     """A record of a fresh identity claiming every block for 10 years, signed by hand (so that
     addresses `sign_record` would refuse can be announced)."""
@@ -251,9 +258,7 @@ class Attacker:
 
     async def run(self, stop: float, every: float) -> None:
         runner = await self._listen()
-        ctx = ssl.create_default_context()
-        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-        conn = aiohttp.TCPConnector(local_addr=(ATTACKER, 0), ssl=ctx)
+        conn = aiohttp.TCPConnector(local_addr=(ATTACKER, 0), ssl=unverified_tls())
         try:
             async with aiohttp.ClientSession(connector=conn) as http:
                 while time.monotonic() < stop:
@@ -271,10 +276,8 @@ def probe_health(urls: dict[str, str], stop: float, found: Findings) -> None:
     """GET /health on each target every 50 ms until `stop`, keeping the worst latency."""
 
     async def loop() -> None:
-        ctx = ssl.create_default_context()
-        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
         timeout = aiohttp.ClientTimeout(total=60)
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx),
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=unverified_tls()),
                                          timeout=timeout) as http:  # fmt: skip
             while time.monotonic() < stop:
                 for name, url in urls.items():

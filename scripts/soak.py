@@ -40,7 +40,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from drift.swarm.reader import read_swarm_blocking  # noqa: E402
-from scripts.chaos import Findings, Target, run_chaos  # noqa: E402
+from scripts.chaos import Findings, Target, run_chaos, unverified_tls  # noqa: E402
 from tests.faults.procs import Member, dht, free_port, server, wait_online  # noqa: E402
 
 API_KEY = "sk-soak"
@@ -355,11 +355,9 @@ def settle(swarm: Swarm) -> tuple[Any, float]:
 
 def health_at_end(swarm: Swarm) -> dict[str, int]:
     """GET /health of every member once the load is over (status, or 0 when unreachable)."""
-    import ssl
     import urllib.request
 
-    ctx = ssl.create_default_context()
-    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    ctx = unverified_tls()
     out = {}
     for m in swarm.members():
         try:

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import re
 import time
 from pathlib import Path
 
-import aiohttp
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
@@ -25,17 +23,10 @@ from transformers import AutoModelForCausalLM, LogitsProcessorList
 from drift.client import ClientConfig
 from drift.server.handoff import drain, hand_over_all
 from tests.client.faults import AtStep
+from tests.server.harness import tokens_total
 
 NEW, AT = 8, 4  # new tokens; the drain when generation reaches step AT
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-async def _tokens(url: str) -> float:
-    async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as resp:
-        text = await resp.text()
-    found = re.search(r"^drift_tokens_total (\S+)$", text, re.M)
-    assert found, text[:300]
-    return float(found.group(1))
 
 
 async def _knows_each_other(servers, timeout_s: float = 10.0) -> None:
@@ -69,7 +60,7 @@ async def _drained_generation(swarm, model, ids, start_block: int, leave=_drain,
         victim = swarm.by_peer(peer)
         twin = next(s for s in swarm.servers if s is not victim
                     and s.server.backend.start_block == start_block)  # fmt: skip
-        before = asyncio.run_coroutine_threadsafe(_tokens(twin.url), loop).result(30)
+        before = asyncio.run_coroutine_threadsafe(tokens_total(twin.url), loop).result(30)
         seen.update(session=session, twin=twin, before=before)
         asyncio.run_coroutine_threadsafe(leave(victim), loop).result(60)
 
@@ -77,7 +68,7 @@ async def _drained_generation(swarm, model, ids, start_block: int, leave=_drain,
         model.generate, ids, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
         logits_processor=LogitsProcessorList([AtStep(AT, drain_holder)]), **generate_kw,
     )  # fmt: skip
-    grew = await _tokens(seen["twin"].url) - seen["before"]
+    grew = await tokens_total(seen["twin"].url) - seen["before"]
     return out, seen["session"], grew
 
 

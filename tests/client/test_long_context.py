@@ -11,13 +11,12 @@ whose server refuses to grow is reopened elsewhere and replayed, alone.
 from __future__ import annotations
 
 import asyncio
-import re
 
-import aiohttp
 import pytest
 import torch
 
 from drift.client import ClientConfig
+from tests.server.harness import tokens_total
 from tests.server.reference import load_reference
 
 pytestmark = pytest.mark.timeout(300)
@@ -26,15 +25,7 @@ TOL = 1e-4
 
 async def _tokens_total(swarm) -> list[int]:
     """Each server's drift_tokens_total, read from its /metrics."""
-    out = []
-    async with aiohttp.ClientSession() as http:
-        for running in swarm.servers:
-            async with http.get(f"{running.url}/metrics") as resp:
-                text = await resp.text()
-            found = re.search(r"^drift_tokens_total (\S+)$", text, re.M)
-            assert found, text
-            out.append(int(float(found.group(1))))
-    return out
+    return [await tokens_total(running.url) for running in swarm.servers]
 
 
 def _greedy(new: int) -> dict:

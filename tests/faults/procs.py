@@ -19,12 +19,11 @@ import threading
 import time
 from pathlib import Path
 
-import aiohttp
-
 from drift.identity import JoinToken, parse_join_token
 from drift.swarm.dial import peer_ssl
 from drift.swarm.reader import read_swarm_blocking
 from tests.procs import DriftProc
+from tests.server.harness import tokens_total as read_tokens
 
 TOKEN_RE = re.compile(r"join token: (drift://\S+)")
 RECORD_TTL_S = 5.0  # short enough to watch expiry, long enough for a loaded 2-core machine
@@ -133,16 +132,5 @@ def wait_online(token: JoinToken, peer_ids: set[str], timeout: float = 60,
 
 
 def tokens_total(m: Member) -> int:
-    """The member's drift_tokens_total (tokens through its span), from its /metrics over TLS
-    bound to its peer id."""
-
-    async def read() -> int:
-        async with aiohttp.ClientSession() as http:
-            url = f"https://127.0.0.1:{m.port}/metrics"
-            async with http.get(url, ssl=peer_ssl(m.peer_id)) as resp:
-                text = await resp.text()
-        found = re.search(r"^drift_tokens_total (\S+)$", text, re.M)
-        assert found, text
-        return int(float(found.group(1)))
-
-    return asyncio.run(read())
+    """The member's drift_tokens_total, from its /metrics over TLS bound to its peer id."""
+    return asyncio.run(read_tokens(f"https://127.0.0.1:{m.port}", ssl=peer_ssl(m.peer_id)))

@@ -8,9 +8,12 @@ optional swarm key and seeds), as `drift server` does. Reused by the client SDK 
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import aiohttp
 
 from drift.identity import Identity
 from drift.models.checkpoint import open_checkpoint
@@ -69,3 +72,13 @@ async def start_block_server(
         add_parts_routes(app, PartsService(ckpt, parts_cache))
     running = await start_app(app, "127.0.0.1", 0)
     return RunningServer(f"http://127.0.0.1:{running.port}", server, node, running)
+
+
+async def tokens_total(url: str, *, ssl: Any = None) -> int:
+    """A server's drift_tokens_total (tokens through its span), read from its /metrics at
+    `url` (`ssl`: e.g. drift.swarm.dial.peer_ssl(peer_id) for a TLS server)."""
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics", ssl=ssl) as resp:
+        text = await resp.text()
+    found = re.search(r"^drift_tokens_total (\S+)$", text, re.M)
+    assert found, text[:500]
+    return int(float(found.group(1)))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import re
 
 import aiohttp
 import pytest
@@ -26,6 +25,7 @@ from drift.wire import messages as m
 from drift.wire.errors import BadRequest, MissingBlocks
 from drift.wire.frames import MEDIA_TYPE, decode_frame, encode_frame
 from drift.wire.version import same_major
+from tests.server.harness import tokens_total
 from tests.server.wsclient import RawSession
 from tests.tiny_models import TinyDirs
 
@@ -154,8 +154,8 @@ async def test_clients_route_around_another_major_and_say_so(tiny_dirs, swarms, 
     await _until_client_sees(model, current.node.peer_id)
     out = await asyncio.to_thread(model.generate, ids, max_new_tokens=4, do_sample=False)
     assert torch.equal(out, ref)
-    assert await _tokens(upgraded.url) == 0, "a client stepped on a server of another major"
-    assert await _tokens(current.url) > 0
+    assert await tokens_total(upgraded.url) == 0, "a client stepped on a server of another major"
+    assert await tokens_total(current.url) > 0
 
 
 async def _until_client_sees(model, peer_id: str, timeout_s: float = 20) -> None:
@@ -176,12 +176,3 @@ async def _until_seed_sees(seed, peer_id: str, protocol: str, timeout_s: float =
                   for r in seed.node.live_records()):  # fmt: skip
         assert asyncio.get_running_loop().time() < deadline, "the seed never saw the upgrade"
         await asyncio.sleep(0.05)
-
-
-async def _tokens(url: str) -> float:
-    """The server's drift_tokens_total (tokens through its span), from its /metrics."""
-    async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as resp:
-        text = await resp.text()
-    found = re.search(r"^drift_tokens_total (\S+)$", text, re.M)
-    assert found, text[:500]
-    return float(found.group(1))
