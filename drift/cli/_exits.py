@@ -52,6 +52,19 @@ def os_error_message(exc: OSError) -> str:
     return text
 
 
+def interrupted() -> int:
+    """INTERRUPTED, for a KeyboardInterrupt that was caught: the exit code stays 130.
+
+    CPython flags a KeyboardInterrupt that leaves code run from a string (`exec(str)`,
+    as dataclasses and namedtuple do at import) as "unhandled", and on exit kills the process
+    with SIGINT (status -2) even when the exception was caught further up. A Ctrl+C that
+    lands while a module imports would then end the command by signal. Running a string
+    that completes clears the flag again.
+    """
+    exec("pass")  # noqa: S102 -- clears CPython's unhandled-KeyboardInterrupt flag (above)
+    return INTERRUPTED
+
+
 def run_command(args: argparse.Namespace, *, prog: str = "drift") -> int:
     """Run the parsed command; map how it ended to the convention above, message on stderr."""
     name = f"{prog} {args.command}"
@@ -62,7 +75,7 @@ def run_command(args: argparse.Namespace, *, prog: str = "drift") -> int:
         return USAGE
     except KeyboardInterrupt:
         print(f"\n{name}: interrupted", file=sys.stderr)
-        return INTERRUPTED
+        return interrupted()
     except DriftError as exc:
         print(f"{name}: {exc.message}", file=sys.stderr)
         return FAILURE

@@ -85,7 +85,7 @@ def _engine(args: argparse.Namespace, model_id: str | None) -> Any:
 
     if args.local:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         from drift.models.checkpoint import open_checkpoint
         from drift.models.devices import parse_dtype
@@ -93,7 +93,7 @@ def _engine(args: argparse.Namespace, model_id: str | None) -> Any:
         dtype = parse_dtype(args.torch_dtype, torch.device("cpu"))
         ckpt = open_checkpoint(args.model or DEFAULT_MODEL, cache_dir=args.cache_dir, dtype=dtype)
         model = AutoModelForCausalLM.from_pretrained(ckpt.path, dtype=dtype).eval()
-        tokenizer = AutoTokenizer.from_pretrained(ckpt.path)
+        tokenizer = ckpt.tokenizer()
         return CausalLMEngine(model, tokenizer, model_id=model_id or args.model or DEFAULT_MODEL)
     from drift.cli.generate import load_client
     from drift.identity.tokens import parse_join_tokens

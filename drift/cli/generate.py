@@ -80,7 +80,6 @@ def load_client(model: str | None, tokens: tuple[JoinToken, ...], *, swarm_key: 
     """(distributed model, tokenizer) for `model` (None: the swarm's only model), routed
     through the swarm behind `tokens`; says on stderr what it downloaded."""
     import torch
-    from transformers import AutoTokenizer
 
     from drift.client import AutoDistributedModelForCausalLM
     from drift.client.loading import open_client_model
@@ -103,12 +102,10 @@ def load_client(model: str | None, tokens: tuple[JoinToken, ...], *, swarm_key: 
         resolved, initial_peers=list(tokens), swarm_key=swarm_key, torch_dtype=dtype
     )
     try:
-        tokenizer = AutoTokenizer.from_pretrained(resolved.ckpt.path)
-    except (OSError, ValueError) as exc:  # no tokenizer files, or none transformers reads
+        tokenizer = resolved.ckpt.tokenizer()
+    except BadRequest:
         dist.close()
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise BadRequest(f"cannot load the tokenizer of {resolved.ckpt.name} from "
-                         f"{resolved.ckpt.path}: {first}") from exc  # fmt: skip
+        raise
     return dist, tokenizer
 
 

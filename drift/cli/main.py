@@ -16,7 +16,7 @@ import signal
 import sys
 from collections.abc import Mapping, Sequence
 
-from drift.cli._exits import INTERRUPTED, USAGE, UsageError, run_command
+from drift.cli._exits import USAGE, UsageError, interrupted, run_command
 from drift.cli._options import add_global_options, log_level
 from drift.cli._secrets import warn_secret_flags
 from drift.cli._settings import apply_settings, load_config, settable_actions
@@ -121,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE
     except KeyboardInterrupt:  # Ctrl+C while the commands' modules import
         print("\ndrift: interrupted", file=sys.stderr)
-        return INTERRUPTED
+        return interrupted()
     if not getattr(args, "func", None):
         build_parser().print_help()
         return USAGE

@@ -152,9 +152,7 @@ def load_tokenizer(
     initial_peers=...)`: a GGUF not converted yet converts in the SDK's default dtype, the
     one from_pretrained then reuses.
     """
-    from transformers import AutoTokenizer
-
     resolved = open_client_model(name_or_path, cache_dir=cache_dir, revision=revision,
                                  dtype=resolve_dtype(None, None), initial_peers=initial_peers,
                                  swarm_key=swarm_key)  # fmt: skip
-    return AutoTokenizer.from_pretrained(resolved.ckpt.path)
+    return resolved.ckpt.tokenizer()

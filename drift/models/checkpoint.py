@@ -147,6 +147,19 @@ class Checkpoint:
         """`tensors` of a canonical (text-only) prefix or name, as the layout stores it."""
         return self.tensors(self.layout.stored(canonical))
 
+    def tokenizer(self) -> Any:
+        """The checkpoint's tokenizer (transformers' AutoTokenizer); BadRequest naming the
+        directory when it has no tokenizer files, or none transformers can read."""
+        from transformers import AutoTokenizer
+
+        try:
+            return AutoTokenizer.from_pretrained(self.path)
+        except (OSError, ValueError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise BadRequest(
+                f"cannot load the tokenizer of {self.name} from {self.path}: {first}"
+            ) from exc
+
     def __repr__(self) -> str:
         return (
             f"Checkpoint(name={self.name!r}, path={str(self.path)!r}, fp={self.fingerprint[:12]})"

@@ -148,6 +148,16 @@ def test_busy_port_exits_1_with_one_line(tmp_path: Path, busy_port: int, command
     assert f"port {busy_port}" in out.stderr and "--port" in out.stderr
 
 
+def test_api_on_a_model_without_a_tokenizer_exits_1(tmp_path: Path) -> None:
+    from tests.tiny_models import save_tiny
+
+    model = save_tiny("llama", tmp_path / "tiny")  # weights and config, no tokenizer files
+    out = drift(tmp_path, "api", str(model), "--local", "--no_auth", "--port", "0")
+    assert out.returncode == 1, out.stdout + out.stderr
+    one_line_message(out.stderr)
+    assert f"cannot load the tokenizer of tiny from {model}" in out.stderr
+
+
 def test_demo_missing_model_exits_1(tmp_path: Path) -> None:
     out = drift(tmp_path, "demo", "--model", str(tmp_path / "no-such-model"))
     assert out.returncode == 1, out.stdout + out.stderr
@@ -226,12 +236,34 @@ def test_sigterm_while_serving_is_a_clean_stop(tmp_path: Path) -> None:
         proc.kill()
 
 
+def test_an_interrupt_inside_exec_of_a_string_still_exits_130(tmp_path: Path) -> None:
+    """CPython marks a KeyboardInterrupt that leaves `exec(str)` (dataclasses, namedtuple:
+    any import) as unhandled and ends the process by SIGINT (-2) though it was caught; a
+    Ctrl+C landing in an import made `drift api` end that way (seen in CI)."""
+    (tmp_path / "exec_interrupt.py").write_text(
+        "import argparse, sys\n"
+        "from drift.cli._exits import run_command\n"
+        "command = lambda args: exec('raise KeyboardInterrupt')\n"
+        "sys.exit(run_command(argparse.Namespace(command='x', func=command)))\n"
+    )
+    env = dict(drift_env(tmp_path), PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}")
+    # run with -m, as `python -m drift` is: `-c` and scripts exit through another path
+    out = subprocess.run([sys.executable, "-m", "exec_interrupt"], env=env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 130, out.stderr
+    assert "drift x: interrupted" in out.stderr and "Traceback" not in out.stderr
+
+
 @pytest.mark.parametrize("command", ["up", "demo", "api"])
 def test_sigint_while_loading_exits_130(tmp_path: Path, command: str) -> None:
     """Ctrl+C during startup (opening the model, starting servers): 130, no traceback."""
     from tests.tiny_models import save_tiny
 
     model = str(save_tiny("llama", tmp_path / "tiny"))
+    if command == "api":  # so that an api that loaded before the signal goes on to serve
+        from tests.api.apps import char_tokenizer
+
+        char_tokenizer().save_pretrained(model)
     args, line = {
         "up": (["up", model, "--port", "0", "--plain_http", "--host", "127.0.0.1"], "opening"),
         "demo": (["demo", "--model", model, "--num_servers", "1"], "starting server 1/1"),
