@@ -67,28 +67,16 @@ class Chain:
         while True:
             hops = await self.client.route(start, end, inference=True, adapter=self.opener.adapter,
                                            tokens_needed=self.opener.max_length * self.opener.batch_size)  # fmt: skip
-            # all at once: a route's opens are independent (a push needs only their ids,
-            # before the first step); one round trip of session start-up, not one per span
-            results = await asyncio.gather(
-                *(self.client.open_socket(hop, self.opener.open_msg(hop)) for hop in hops),
-                return_exceptions=True,
-            )
-            failed = [(hop, r) for hop, r in zip(hops, results, strict=True)
-                      if isinstance(r, BaseException)]  # fmt: skip
-            if not failed:
-                return [SpanState(hop, sock) for hop, sock in zip(hops, results, strict=True)
-                        if isinstance(sock, SpanSocket)]  # fmt: skip
-            for sock in results:
-                if isinstance(sock, SpanSocket):
-                    await sock.close()
-            errors: list[tuple[Hop, DriftError]] = []
-            for hop, exc in failed:
-                if not isinstance(exc, DriftError):
-                    raise exc  # a bug or a cancel, not a peer's failure
-                errors.append((hop, exc))
-            for hop, exc in errors[1:]:  # every failed peer noted, one attempt counted
-                self.client.note_failure(exc, hop)
-            attempts = self.client.count_failure(errors[0][1], errors[0][0], attempts)
+            opened: list[SpanState] = []
+            try:
+                for hop in hops:
+                    sock = await self.client.open_socket(hop, self.opener.open_msg(hop))
+                    opened.append(SpanState(hop, sock))
+                return opened
+            except DriftError as exc:
+                for span in opened:
+                    await span.socket.close()
+                attempts = self.client.count_failure(exc, hop, attempts)
 
     async def advance(self, chunk: Chunk, states: bool, awaited: dict[int, int] | None = None,
                       started: float = 0.0) -> bool:  # fmt: skip
