@@ -11,9 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import transformers
+from packaging.version import Version
 
 from drift.models.quant import block_bytes
 from drift.models.registry import get_adapter
+
+# Falcon's new decoder architecture (falcon-40b/180b, num_kv_heads) caches K/V expanded to every
+# query head up to transformers 5.24, and only its grouped KV heads from 5.25 on.
+FALCON_CACHES_GROUPED_KV = Version(transformers.__version__) >= Version("5.25.0.dev0")
 
 
 def block_weight_bytes(config: Any, dtype: torch.dtype, quant: str = "none") -> list[int]:
@@ -39,9 +45,11 @@ def kv_values_per_token(config: Any) -> int:
     heads = int(text.num_attention_heads)
     if getattr(text, "model_type", "") == "falcon":  # no num_key_value_heads in its config
         # falcon-7b (multi_query) caches its one shared K/V head; the new decoder architecture
-        # (falcon-40b, num_kv_heads) caches K/V already expanded to every query head.
-        multi_query = text.multi_query and not text.new_decoder_architecture
-        kv_heads = 1 if multi_query else heads
+        # (falcon-40b, num_kv_heads) its grouped heads or all query heads (FALCON_CACHES_GROUPED_KV).
+        if text.new_decoder_architecture:
+            kv_heads = int(text.num_kv_heads) if FALCON_CACHES_GROUPED_KV else heads
+        else:
+            kv_heads = 1 if text.multi_query else heads
     else:
         kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
