@@ -47,6 +47,14 @@ class DriftProc:
                 return found
         raise AssertionError(f"no line matching {rx.pattern!r}; output:\n{''.join(self.log)}")
 
+    def output(self) -> str:
+        """Every line so far: those wait_for read and those queued since."""
+        while True:
+            try:
+                self.log.append(self.lines.get_nowait())
+            except queue.Empty:
+                return "".join(self.log)
+
     def kill(self) -> None:
         """SIGKILL: no goodbye, no offline record."""
         if self.popen.poll() is None:

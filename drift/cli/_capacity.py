@@ -139,3 +139,24 @@ def move_shortfall(config, device: torch.device, dtype: torch.dtype, *, quant: s
     cache = kv_bytes_per_token(config, dtype) * cache_tokens
     need = sum(weights[b] + cache for b in blocks) + headroom_bytes(device, transient)
     return max(0, need - free_bytes)
+
+
+def swap_shortfall(config, device: torch.device, dtype: torch.dtype, *, quant: str,
+                   old_blocks: range, new_blocks: range, cache_tokens: int,
+                   free_bytes: int) -> int:  # fmt: skip
+    """Bytes a move that frees `old_blocks` before it loads `new_blocks` is short of (0: it
+    fits). Priced as sizing prices blocks (weights + KV cache): the machine held the old span
+    with the headroom kept, so a new span priced no higher fits, and a dearer one may use
+    what is free beyond the headroom. (The runtime's growth since start-up lives in that
+    headroom, so the measured free memory alone would refuse even an equal swap.)"""
+    from drift.models.footprint import block_weight_bytes, kv_bytes_per_token
+
+    weights = block_weight_bytes(config, dtype, quant)
+    transient = max(block_weight_bytes(config, dtype)) if quant != "none" else 0
+    cache = kv_bytes_per_token(config, dtype) * cache_tokens
+
+    def priced(blocks: range) -> int:
+        return sum(weights[b] + cache for b in blocks)
+
+    spare = max(0, free_bytes - headroom_bytes(device, transient))
+    return max(0, priced(new_blocks) - priced(old_blocks) - spare)

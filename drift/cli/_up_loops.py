@@ -3,8 +3,10 @@
 The coverage loop prints which blocks are missing whenever that changes (peers joining and
 leaving). The balance loop asks drift.swarm.selection whether this server should move;
 BlockServer.move_to loads the new span first, drains live sessions, then swaps and
-re-announces, so no gap is ever left. A move whose new span does not fit beside the old one in
-the machine's budget (drift.cli._budget) is not made: the kernel would kill the server.
+re-announces, so no gap is ever left. A machine whose budget (drift.cli._budget) has no room
+for both spans (one `drift up` filled) drains, unloads the old span, then loads the new one:
+only off blocks others serve too, so again no gap. A move that does not fit even then is not
+made: the kernel would kill the server.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from drift.node import MembershipNode
 from drift.server.handoff import hand_over_all
 from drift.swarm import choose_rebalance, coverage, format_ranges, records_for_model
+from drift.wire.errors import Busy
 
 if TYPE_CHECKING:  # torch: imported when a server really starts, not for `drift --help`
     from drift.server.state import BlockServer
@@ -97,22 +100,57 @@ def move_shortfall_now(server: BlockServer, target: tuple[int, int], *,
 async def balance_once(node: MembershipNode, server: BlockServer, ckpt: Any, *,
                        min_ratio: float, drain_timeout_s: float | None = None,
                        max_memory: int | None = None, free_bytes: int | None = None,
-                       ) -> tuple[int, int] | None:  # fmt: skip
-    """One balance check: move (BlockServer.move_to) when the swarm is unbalanced and the new
-    span fits beside the old in the budget (`free_bytes`, default: read now); the target."""
+                       settle_s: float | None = None) -> tuple[int, int] | None:  # fmt: skip
+    """One balance check: move (BlockServer.move_to) when the swarm is unbalanced; the target.
+    The new span loads beside the old one when both fit in the budget (`free_bytes`, default:
+    read now); else, when it fits once the old span is freed, the old span is unloaded first
+    (drift.cli._capacity.swap_shortfall; choose_rebalance moves only off blocks others serve
+    too; `settle_s` after announcing `draining`, default two gossip rounds, they must still:
+    two servers of the same blocks deciding at once call it off)."""
     target = rebalance_target(node, server, min_ratio=min_ratio)
     if target is None:
         return None
     b = server.backend
-    short = move_shortfall_now(server, target, max_memory=max_memory, free_bytes=free_bytes)
-    if short:
-        log.warning("the swarm is unbalanced, but blocks [%d, %d) do not fit beside blocks "
-                    "[%d, %d) (%.2f GiB short): staying", target[0], target[1], b.start_block,
-                    b.end_block, short / (1 << 30))  # fmt: skip
-        return None
+    if free_bytes is None:
+        from drift.cli._budget import read_budget
+
+        free_bytes = read_budget(b.span.device, max_memory=max_memory).available
+    from drift.cli._capacity import swap_shortfall
+
+    make_room = move_shortfall_now(server, target, max_memory=max_memory, free_bytes=free_bytes) > 0
+    if make_room:
+        span = b.span
+        short = swap_shortfall(span.config, span.device, span.dtype, quant=span.quant,
+                               old_blocks=range(b.start_block, b.end_block),
+                               new_blocks=range(*target),
+                               cache_tokens=server.config.attn_cache_tokens,
+                               free_bytes=free_bytes)  # fmt: skip
+        if short:
+            log.warning("the swarm is unbalanced, but blocks [%d, %d) do not fit here even "
+                        "without blocks [%d, %d) (%.2f GiB short): staying", target[0], target[1],
+                        b.start_block, b.end_block, short / (1 << 30))  # fmt: skip
+            return None
+    how = " (no room for both: unloading the old blocks first; others serve them)" * make_room
     print(f"the swarm is unbalanced: moving from blocks [{b.start_block}, {b.end_block}) "
-          f"to [{target[0]}, {target[1]})", flush=True)  # fmt: skip
-    await server.move_to(*target, ckpt=ckpt, drain_timeout_s=drain_timeout_s,
-                         before_drain=functools.partial(hand_over_all, server, node))  # fmt: skip
+          f"to [{target[0]}, {target[1]}){how}", flush=True)  # fmt: skip
+    settle = 2 * node.config.gossip_interval_s if settle_s is None else settle_s
+    try:
+        await server.move_to(*target, ckpt=ckpt, drain_timeout_s=drain_timeout_s,
+                             make_room=make_room,
+                             before_drain=functools.partial(hand_over_all, server, node),
+                             confirm=functools.partial(others_serve, node, server, settle))  # fmt: skip
+    except Busy as exc:
+        print(f"not moving: {exc}", flush=True)
+        return None
     print(f"now serving blocks [{target[0]}, {target[1]})", flush=True)
     return target
+
+
+async def others_serve(node: MembershipNode, server: BlockServer, settle_s: float) -> bool:
+    """After `settle_s` (for records to spread), whether every block this server holds is
+    served by another live server of the model (not draining, not degraded)."""
+    await asyncio.sleep(settle_s)
+    b = server.backend
+    others = [r for r in records_for_model(node.live_records(), b.fingerprint)
+              if r.peer_id != node.peer_id]  # fmt: skip
+    return all(any(r.serves(i) for r in others) for i in range(b.start_block, b.end_block))

@@ -117,6 +117,17 @@ class ModelSpan(torch.nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.layers.parameters())
 
+    def unload(self) -> None:
+        """Drop every weight, buffer and served adapter (their memory goes back): this span
+        can no longer compute. What makes room for another span on a full machine."""
+        for module in self.modules():
+            module._parameters.clear()  # quantized parameters take their quant state along
+            module._buffers.clear()
+        self.adapters.clear()
+        trim_heap()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # back from torch's caching allocator to the device
+
     def add_adapter(self, name: str, weights: Mapping[str, torch.Tensor]) -> None:
         """Serve LoRA weights (wire-named, B scaled; drift.models.peft_files) as `name`."""
         checked = check_lora(weights, self.lora_targets)

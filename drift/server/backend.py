@@ -19,7 +19,7 @@ import torch
 from drift.models.batch import BatchStep, run_steps
 from drift.server.chunks import forward_chunks, merge_grad_prompts, row_groups
 from drift.wire.checks import dtype_name
-from drift.wire.errors import BadRequest, ModelMismatch, PayloadTooLarge, SpanNotServed
+from drift.wire.errors import BadRequest, Busy, ModelMismatch, PayloadTooLarge, SpanNotServed
 from drift.wire.extras import ExtraSpec
 from drift.wire.messages import BackwardRequest, BackwardResponse, ForwardRequest, ForwardResponse
 
@@ -52,6 +52,7 @@ class SpanBackend:
         self.decode_status: dict[str, Any] = {"mode": "eager", "reason": "--compile off"}
         # One worker per device: torch work never blocks the event loop, and runs in order.
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drift-compute")
+        self.unloaded: str | None = None  # why compute is refused: the weights were freed
 
     @property
     def n_blocks(self) -> int:
@@ -64,7 +65,9 @@ class SpanBackend:
         return self.span.extra_spec(start_block, end_block)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run torch work on the compute thread."""
+        """Run torch work on the compute thread (a retryable Busy once `unload`ed)."""
+        if self.unloaded is not None:
+            raise Busy(self.unloaded)
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
     def check(self, model: str, start_block: int, end_block: int, batch: int,
@@ -170,6 +173,15 @@ class SpanBackend:
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def unload(self, reason: str) -> None:
+        """Free the span's weights (a move that makes room first, drift.server.move): compute
+        is refused with `reason` from now on. Blocks until the work running now finished
+        (queued work is dropped): call it off the event loop."""
+        self.unloaded = reason
+        self.executor.shutdown(wait=True, cancel_futures=True)
+        self.decode = None  # the lean decode unit holds views of the weights
+        self.span.unload()
 
 
 def _gather(outs: list[torch.Tensor]) -> torch.Tensor:

@@ -1,10 +1,17 @@
-"""Moving a running block server to another span without a gap: load, drain, then swap.
+"""Moving a running block server to another span: load, drain, then swap; or, on a machine
+with no room for both spans, drain, unload, then load.
 
-The new span is loaded next to the old one (off the event loop) into a new SpanRuntime;
-from then on new sessions on the old one are refused with a retryable `busy` error while
-its live sessions finish (or the drain timeout closes them). The caller (BlockServer)
-swaps the runtimes with no await in between and announces. A failed load leaves the old
-span serving as before.
+`prepare_move`: the new span is loaded next to the old one (off the event loop) into a new
+SpanRuntime; from then on new sessions on the old one are refused with a retryable `busy`
+error while its live sessions finish (or the drain timeout closes them). The caller
+(BlockServer) swaps the runtimes with no await in between and announces. A failed load
+leaves the old span serving as before.
+
+`make_room` then `load_runtime`: for a machine that holds one span only (its budget filled
+at start-up). The old span is drained the same way, then its weights are freed (its compute
+refused with a retryable `busy`), then the new span loads. Only for a span that other
+servers also serve (drift.swarm.selection.choose_rebalance moves no other): its blocks stay
+covered while this server loads.
 """
 
 from __future__ import annotations
@@ -36,7 +43,46 @@ async def prepare_move(current: SpanRuntime, config: ServerConfig, start_block: 
     new runtime to swap in. `before_drain(deadline)`, once new sessions are refused: hand the
     live ones over (drift.server.handoff) by that loop time. Cancelled or failed: `current`
     keeps serving, accepting again."""
-    old = current.backend
+    backend = await _load_backend(current.backend, config, ckpt, start_block, end_block)
+    try:
+        await _refuse_and_drain(current, start_block, end_block, drain_timeout_s, before_drain)
+    except BaseException:  # cancelled: keep serving the old span, accepting sessions again
+        current.sessions.refusing = None
+        backend.executor.shutdown(wait=False)
+        raise
+    return SpanRuntime.build(backend, config)
+
+
+async def make_room(current: SpanRuntime, start_block: int, end_block: int, *,
+                    drain_timeout_s: float,
+                    before_drain: Callable[[float], Awaitable[object]] | None = None,
+                    ) -> None:  # fmt: skip
+    """Drain `current` as `prepare_move` does, close what is left, then free its weights;
+    `load_runtime` next. Cancelled while draining: `current` keeps serving."""
+    try:
+        await _refuse_and_drain(current, start_block, end_block, drain_timeout_s, before_drain)
+    except BaseException:
+        current.sessions.refusing = None
+        raise
+    current.sessions.close_all()
+    reason = (f"this server is loading blocks [{start_block}, {end_block}); its old blocks are "
+              "served by others: retry there")  # fmt: skip
+    # off the event loop: unload waits for the compute running now
+    await asyncio.get_running_loop().run_in_executor(None, current.backend.unload, reason)
+    log.info("unloaded blocks [%d, %d) to make room for [%d, %d)", current.backend.start_block,
+             current.backend.end_block, start_block, end_block)  # fmt: skip
+
+
+async def load_runtime(old: SpanBackend, config: ServerConfig, start_block: int, end_block: int,
+                       *, ckpt: Checkpoint | None) -> SpanRuntime:  # fmt: skip
+    """[start_block, end_block) loaded as a new runtime in `old`'s dtype, device, quantization
+    and pace (after `make_room`, or to load `old`'s own blocks back)."""
+    return SpanRuntime.build(await _load_backend(old, config, ckpt, start_block, end_block),
+                             config)  # fmt: skip
+
+
+async def _load_backend(old: SpanBackend, config: ServerConfig, ckpt: Checkpoint | None,
+                        start_block: int, end_block: int) -> SpanBackend:  # fmt: skip
     loop = asyncio.get_running_loop()
     # Loaded on the default executor: the old span keeps computing on its own thread.
     span = await loop.run_in_executor(None, _load, config, old, ckpt, start_block, end_block)
@@ -48,20 +94,24 @@ async def prepare_move(current: SpanRuntime, config: ServerConfig, start_block: 
                           max_request_tokens=old.max_request_tokens,
                           chunk_tokens=chunk, pace=old.pace)  # fmt: skip
     await loop.run_in_executor(None, attach_decode, backend, config.compile)
+    return backend
+
+
+async def _refuse_and_drain(current: SpanRuntime, start_block: int, end_block: int,
+                            drain_timeout_s: float,
+                            before_drain: Callable[[float], Awaitable[object]] | None,
+                            ) -> None:  # fmt: skip
+    """New sessions refused (retryably), live ones handed over (`before_drain`) or let finish
+    by the drain timeout."""
+    loop = asyncio.get_running_loop()
     current.sessions.refusing = (
         f"this server is moving to blocks [{start_block}, {end_block}); open the session "
         "on another server or retry here in a moment"
     )
-    try:
-        deadline = loop.time() + drain_timeout_s
-        if before_drain is not None:
-            await before_drain(deadline)
-        await _drain(current.sessions, deadline)
-    except BaseException:  # cancelled: keep serving the old span, accepting sessions again
-        current.sessions.refusing = None
-        backend.executor.shutdown(wait=False)
-        raise
-    return SpanRuntime.build(backend, config)
+    deadline = loop.time() + drain_timeout_s
+    if before_drain is not None:
+        await before_drain(deadline)
+    await _drain(current.sessions, deadline)
 
 
 def _load(config: ServerConfig, old: SpanBackend, ckpt: Checkpoint | None, start_block: int,

@@ -21,7 +21,7 @@ from drift.server.budget import CacheBudget
 from drift.server.config import ServerConfig
 from drift.server.handoff_hub import HandoffHub
 from drift.server.metrics import ServerMetrics
-from drift.server.move import DRAIN_TIMEOUT_S, prepare_move
+from drift.server.move import DRAIN_TIMEOUT_S, load_runtime, make_room, prepare_move
 from drift.server.push import PeerLinks
 from drift.server.runtime import SpanRuntime
 from drift.server.sessions import SessionManager
@@ -77,12 +77,17 @@ class BlockServer:
     async def move_to(self, start_block: int, end_block: int, *, ckpt: Checkpoint | None = None,
                       drain_timeout_s: float | None = None,
                       before_drain: Callable[[float], Awaitable[object]] | None = None,
-                      ) -> None:  # fmt: skip
+                      make_room: bool = False,
+                      confirm: Callable[[], Awaitable[bool]] | None = None) -> None:  # fmt: skip
         """Serve [start_block, end_block) instead: load it beside the old span, drain the old
         sessions (new ones get a retryable `busy`; `before_drain(deadline)` first, e.g. hand
         the live ones to other servers of their blocks: drift.server.handoff.hand_over_all),
-        swap, re-announce (drift.server.move). BadRequest for a span outside the model, Busy
-        while another move runs."""
+        swap, re-announce (drift.server.move). `make_room`: the machine holds one span only:
+        drain, free the old span, then load (announced `draining` meanwhile, so no one routes
+        here; only for blocks others serve too: `confirm()`, once `draining` is announced,
+        says whether they still do, or the move is called off with Busy); a failed load loads
+        the old blocks back. BadRequest for a span outside the model, Busy while another move
+        runs."""
         old = self.runtime
         n = old.backend.num_model_blocks
         if not 0 <= start_block < end_block <= n:
@@ -91,19 +96,45 @@ class BlockServer:
         if self.moving_to is not None:
             raise Busy(f"already moving to blocks {list(self.moving_to)}")
         self.moving_to = (start_block, end_block)
+        timeout = DRAIN_TIMEOUT_S if drain_timeout_s is None else drain_timeout_s
         try:
-            timeout = DRAIN_TIMEOUT_S if drain_timeout_s is None else drain_timeout_s
-            new = await prepare_move(old, self.config, start_block, end_block, ckpt=ckpt,
-                                     drain_timeout_s=timeout, before_drain=before_drain)  # fmt: skip
-            self.runtime = new  # no await since the drain: requests see the old or the new span
-            old.sessions.close_all()
-            old.backend.executor.shutdown(wait=False)  # queued requests on the old span finish
+            if make_room:
+                await self._move_making_room(start_block, end_block, ckpt, timeout, before_drain,
+                                             confirm)  # fmt: skip
+            else:
+                new = await prepare_move(old, self.config, start_block, end_block, ckpt=ckpt,
+                                         drain_timeout_s=timeout, before_drain=before_drain)  # fmt: skip
+                self.runtime = new  # no await since the drain: requests see the old or the new span
+                old.sessions.close_all()
+                old.backend.executor.shutdown(wait=False)  # queued requests on the old span finish
         finally:
             self.moving_to = None
-        if self.announce is not None:
-            self.announce(**self.record_fields())
+            if self.announce is not None:
+                self.announce(**self.record_fields(), **({"draining": 0} if make_room else {}))
         log.info("moved from blocks [%d, %d) to [%d, %d)", old.backend.start_block,
                  old.backend.end_block, start_block, end_block)  # fmt: skip
+
+    async def _move_making_room(self, start_block: int, end_block: int, ckpt: Checkpoint | None,
+                                timeout: float,
+                                before_drain: Callable[[float], Awaitable[object]] | None,
+                                confirm: Callable[[], Awaitable[bool]] | None) -> None:  # fmt: skip
+        old = self.runtime
+        if self.announce is not None:
+            self.announce(draining=1)  # routing avoids it while it holds nothing
+        if confirm is not None and not await confirm():  # e.g. another server left them too
+            raise Busy(f"blocks [{old.backend.start_block}, {old.backend.end_block}) are no "
+                       "longer served by others: staying")  # fmt: skip
+        await make_room(old, start_block, end_block, drain_timeout_s=timeout,
+                        before_drain=before_drain)  # fmt: skip
+        try:
+            self.runtime = await load_runtime(old.backend, self.config, start_block, end_block,
+                                              ckpt=ckpt)  # fmt: skip
+        except Exception:
+            log.exception("loading blocks [%d, %d) failed: loading blocks [%d, %d) back",
+                          start_block, end_block, old.backend.start_block, old.backend.end_block)  # fmt: skip
+            self.runtime = await load_runtime(old.backend, self.config, old.backend.start_block,
+                                              old.backend.end_block, ckpt=ckpt)  # fmt: skip
+            raise
 
     def describe(self) -> BlocksInfo:
         """The /blocks document."""

@@ -119,3 +119,24 @@ def test_a_move_is_short_of_what_the_new_span_takes_beside_the_old():
     assert cap.num_blocks == 4  # all four blocks fit with the headroom kept free
     left = need + 2 * (block + cache) - cap.num_blocks * (block + cache)
     assert short(left) > 0
+
+
+def test_a_move_that_frees_first_is_short_only_of_what_the_new_span_costs_beyond_the_old():
+    """swap_shortfall: priced as sizing prices blocks, a new span no dearer than the old fits
+    on a full machine (its runtime growth lives in the headroom), a dearer one may use what is
+    free beyond the headroom and no more."""
+    from drift.cli._capacity import swap_shortfall
+
+    cfg, cpu = tiny_config("llama"), torch.device("cpu")
+    block = block_weight_bytes(cfg, torch.float32)[0] + kv_bytes_per_token(cfg, torch.float32) * 64
+
+    def short(old: range, new: range, free: int) -> int:
+        return swap_shortfall(cfg, cpu, torch.float32, quant="none", old_blocks=old,
+                              new_blocks=new, cache_tokens=64, free_bytes=free)  # fmt: skip
+
+    assert short(range(0, 2), range(2, 4), 0) == 0  # equal: fits with nothing free
+    assert short(range(0, 2), range(3, 4), 0) == 0
+    assert short(range(0, 1), range(1, 4), 0) == 2 * block
+    assert short(range(0, 1), range(1, 4), CPU_HEADROOM_BYTES) == 2 * block  # the headroom stays
+    assert short(range(0, 1), range(1, 4), CPU_HEADROOM_BYTES + block) == block
+    assert short(range(0, 1), range(1, 4), CPU_HEADROOM_BYTES + 2 * block) == 0

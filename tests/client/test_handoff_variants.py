@@ -126,10 +126,12 @@ async def test_handoff_carries_gemma4_shared_kv(tiny_dirs, swarms, sdk_models):
     _check(out, ref, session, grew, ids.shape[1] + AT - 1)
 
 
-async def test_a_span_move_hands_its_sessions_over(tiny_dirs, swarms, sdk_models):
+@pytest.mark.parametrize("make_room", [False, True], ids=["beside", "make_room"])
+async def test_a_span_move_hands_its_sessions_over(tiny_dirs, swarms, sdk_models, make_room):
     """The balancer's move (BlockServer.move_to handing sessions over first): the holder of
     [2, 4) moves to [0, 2) mid-generation; its session goes to the other [2, 4) server with
-    its cache, instead of keeping the move waiting or being replayed."""
+    its cache, instead of keeping the move waiting or being replayed. `make_room` (a full
+    machine): the same, with the old span freed before the new one loads."""
     model_dir = tiny_dirs("llama")
     ids = torch.randint(3, 200, (1, 40), generator=torch.Generator().manual_seed(4))
     local = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -139,7 +141,8 @@ async def test_a_span_move_hands_its_sessions_over(tiny_dirs, swarms, sdk_models
 
     async def move(victim) -> None:
         hand_over = functools.partial(hand_over_all, victim.server, victim.node)
-        await victim.server.move_to(0, 2, drain_timeout_s=20, before_drain=hand_over)
+        await victim.server.move_to(0, 2, drain_timeout_s=20, before_drain=hand_over,
+                                    make_room=make_room)  # fmt: skip
         assert (victim.server.backend.start_block, victim.server.backend.end_block) == (0, 2)
 
     out, session, grew = await _drained_generation(swarm, model, ids, 2, leave=move)

@@ -112,3 +112,86 @@ async def test_drain_timeout_closes_sessions_and_bad_moves_are_refused(servers, 
         await stuck.close()
         status, _ = await forward(http, url, fp, 0, 2, hidden)
         assert status == 200
+
+
+@pytest.mark.timeout(120)
+async def test_a_move_that_makes_room_frees_the_old_span_before_loading(servers, tiny_llama):
+    """make_room (a machine with room for one span): the live session is let finish by the
+    drain timeout, the old span's weights are freed (compute on it is refused retryably),
+    then the new span loads and computes as transformers does; the record is `draining`
+    while it holds nothing and not after."""
+    from drift.models.quant import storage_bytes
+
+    running = await servers(tiny_llama, 0, 2)
+    server, url = running.server, running.url
+    fp = server.backend.fingerprint
+    ref = load_reference(tiny_llama)
+    ids = torch.randint(0, 256, (1, 5))
+    with torch.no_grad():
+        out = ref(ids, output_hidden_states=True)
+    h0, h2 = out.hidden_states[0], out.hidden_states[2]
+    old = server.backend
+    assert storage_bytes(old.span) > 0
+    draining: list[object] = []
+    announce = server.announce
+    assert announce is not None
+
+    def watch(**fields):
+        draining.append(fields.get("draining"))
+        announce(**fields)
+
+    server.announce = watch
+    async with aiohttp.ClientSession() as http:
+        live = await RawSession.open(http, url, fp, 0, 2, max_length=16)
+        assert isinstance(live, RawSession), live
+        await live.step(h0[:, :3], 0)
+        await server.move_to(2, 4, drain_timeout_s=0.3, make_room=True)
+        assert draining == [1, 0]
+        assert storage_bytes(old.span) == 0 and old.unloaded is not None
+        with pytest.raises(Busy, match="loading blocks \\[2, 4\\)"):
+            await old.run(lambda: None)  # a request that still held the old runtime
+        err = await live.step_error(h0[:, 3:], 3)  # closed when the drain timed out
+        assert err["code"] == "unknown_session"
+        await live.close()
+
+        assert (server.backend.start_block, server.backend.end_block) == (2, 4)
+        record = await own_record(http, running)
+        assert (record["start_block"], record["end_block"]) == (2, 4)
+        assert not record.get("draining")
+        status, hidden = await forward(http, url, fp, 2, 4, h2)
+        assert status == 200
+        with torch.no_grad():
+            assert torch.allclose(head_logits(ref, hidden), out.logits, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.timeout(120)
+async def test_a_make_room_move_whose_load_fails_loads_the_old_blocks_back(
+    servers, tiny_llama, monkeypatch
+):
+    from drift.server import move
+
+    running = await servers(tiny_llama, 0, 2)
+    server, url = running.server, running.url
+    fp = server.backend.fingerprint
+    real_load = move._load
+
+    def load(config, old, ckpt, start, end):
+        if (start, end) == (2, 4):
+            raise OSError("disk on fire")
+        return real_load(config, old, ckpt, start, end)
+
+    monkeypatch.setattr(move, "_load", load)
+    with pytest.raises(OSError, match="disk on fire"):
+        await server.move_to(2, 4, drain_timeout_s=0, make_room=True)
+    assert (server.backend.start_block, server.backend.end_block) == (0, 2)
+    assert server.moving_to is None and server.backend.unloaded is None
+    ref = load_reference(tiny_llama)
+    ids = torch.randint(0, 256, (1, 4))
+    with torch.no_grad():
+        out = ref(ids, output_hidden_states=True)
+    async with aiohttp.ClientSession() as http:
+        status, hidden = await forward(http, url, fp, 0, 2, out.hidden_states[0])
+        assert status == 200
+        assert torch.allclose(hidden, out.hidden_states[2], atol=1e-5, rtol=1e-4)
+        record = await own_record(http, running)
+        assert not record.get("draining") and record["start_block"] == 0
