@@ -21,6 +21,9 @@ INSTALL_HINT = "pip install 'drift-swarm[quant]'  (bitsandbytes>=0.50)"
 INT8_THRESHOLD = 6.0  # LLM.int8 outlier threshold (transformers' default llm_int8_threshold)
 NF4_BLOCK = 64  # weights per absmax in nf4 (bitsandbytes' default blocksize)
 NF4_BLOCK2 = 256  # absmax values per second-level scale (double quantization)
+# Weights quantized at a time on the CPU: bitsandbytes' CPU nf4 quantizer holds ~16 bytes of
+# float32 temporaries per weight, 0.4 GB for one 25M-weight MLP projection of a 3B model.
+QUANT_CHUNK = 1 << 20
 # Linear layers that route tokens to experts stay in the compute dtype (transformers 5 makes
 # most routers their own module class already; these names catch the plain-Linear ones).
 ROUTER_NAMES = frozenset({"gate", "router", "shared_expert_gate"})
@@ -87,8 +90,47 @@ def quantize_layer(
         for child_name, child in list(parent.named_children()):
             if _quantizable(child_name, child):
                 assert isinstance(child, torch.nn.Linear)
-                setattr(parent, child_name, _quantized_linear(bnb, child, quant, dtype))
-    return layer.to(device)  # bitsandbytes quantizes each weight on this move
+                # quantized now (bitsandbytes quantizes on the move to a device), one linear at
+                # a time: its `dtype` weight is freed before the next is quantized, so loading
+                # peaks at one block in `dtype` plus one chunk's quantization (on the CPU)
+                new = _quantized_linear(bnb, child, quant, dtype)
+                if quant == "nf4" and device.type == "cpu":
+                    quantize_nf4_in_chunks(bnb, new.get_parameter("weight"))
+                setattr(parent, child_name, new.to(device))
+                del child, new
+    return layer.to(device)
+
+
+def quantize_nf4_in_chunks(bnb: ModuleType, param: torch.nn.Parameter,
+                           chunk: int = QUANT_CHUNK) -> None:  # fmt: skip
+    """Quantize a not yet quantized Params4bit (double-quantized, as _quantized_linear makes
+    it) in place, as its own move to a device would (Params4bit._quantize), `chunk` weights
+    at a time: the same bytes (a block of NF4_BLOCK weights never straddles two chunks, and
+    the second level runs over all the scales; tests/models/test_quant.py compares), with a
+    temporary of one chunk, not of the whole weight."""
+    assert param.compress_statistics and not param.bnb_quantized  # type: ignore[attr-defined]
+    blocksize, kind = param.blocksize, param.quant_type  # type: ignore[attr-defined]
+    storage = param.quant_storage  # type: ignore[attr-defined]
+    flat = param.data.contiguous().reshape(-1)
+    step = max(blocksize, chunk - chunk % blocksize)
+    parts = [torch.ops.bitsandbytes.quantize_4bit.default(flat[i : i + step], blocksize, kind,
+                                                          storage)  # fmt: skip
+             for i in range(0, flat.numel(), step)]  # fmt: skip
+    packed = torch.cat([p for p, _ in parts])
+    absmax = torch.cat([a for _, a in parts])
+    del parts
+    offset = absmax.mean()
+    qabsmax, state2 = bnb.functional.quantize_blockwise(absmax - offset, blocksize=NF4_BLOCK2)
+    state = bnb.functional.QuantState(
+        absmax=qabsmax, shape=param.data.shape, dtype=param.data.dtype, blocksize=blocksize,
+        code=bnb.functional.get_4bit_type(kind, device=flat.device), quant_type=kind,
+        offset=offset, state2=state2,
+    )  # fmt: skip
+    param.data = packed
+    param.quant_state = state  # type: ignore[attr-defined]
+    if param.module is not None:  # type: ignore[attr-defined]
+        param.module.quant_state = state  # type: ignore[attr-defined]
+    param.bnb_quantized = True  # type: ignore[attr-defined]
 
 
 def _quantizable(name: str, module: torch.nn.Module) -> bool:

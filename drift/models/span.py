@@ -331,6 +331,7 @@ def _load_layer(
         layer.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as exc:
         raise BadRequest(f"block {index} does not match the checkpoint: {exc}") from exc
+    del state, stored  # the layer holds its tensors: each is freed once quantized (below)
     leftover = [n for n, b in layer.named_buffers() if b.is_meta]
     if leftover:
         raise BadRequest(f"block {index} has buffers the checkpoint does not hold: {leftover}")

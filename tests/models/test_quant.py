@@ -162,3 +162,36 @@ def test_smollm2_logits_close_to_float32(smollm2_cache) -> None:
         top1 = float((got.argmax(-1) == want.argmax(-1)).float().mean())
         print(f"\nSmolLM2 {quant}: relative logit error {error:.4f}, top-1 agreement {top1:.3f}")
         assert 0 < error < max_error and top1 >= min_top1, quant
+
+
+@pytest.mark.parametrize("shape", [(64, 128), (129, 192), (37, 3)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_nf4_in_chunks_gives_bitsandbytes_own_bytes(shape, dtype) -> None:
+    """quantize_nf4_in_chunks (a chunk of weights at a time, so loading a big projection on
+    the CPU holds one chunk's float32 temporaries) against Params4bit quantizing the whole
+    weight on its move: the same packed bytes, scales, second-level state and dequantized
+    weights; odd sizes and a remainder block included."""
+    import bitsandbytes as bnb
+
+    from drift.models.quant import NF4_BLOCK, quantize_nf4_in_chunks
+
+    torch.manual_seed(0)
+    w = torch.randn(shape, dtype=torch.float32).to(dtype) * 0.05
+
+    def param() -> torch.nn.Parameter:
+        return bnb.nn.Params4bit(w.clone(), requires_grad=False, quant_type="nf4",
+                                 blocksize=NF4_BLOCK, compress_statistics=True)  # fmt: skip
+
+    whole = param().to("cpu")
+    for chunk in (NF4_BLOCK, 3 * NF4_BLOCK, 1 << 20):
+        mine = param()
+        quantize_nf4_in_chunks(bnb, mine, chunk=chunk)
+        a, b = whole.quant_state, mine.quant_state
+        assert mine.bnb_quantized and torch.equal(mine.data, whole.data)
+        assert torch.equal(a.absmax, b.absmax) and torch.equal(a.offset, b.offset)
+        assert torch.equal(a.state2.absmax, b.state2.absmax)
+        assert torch.equal(a.state2.code, b.state2.code) and torch.equal(a.code, b.code)
+        assert (a.shape, a.dtype, a.blocksize, a.quant_type) == (b.shape, b.dtype, b.blocksize,
+                                                                 b.quant_type)  # fmt: skip
+        assert torch.equal(bnb.functional.dequantize_4bit(mine.data, b),
+                           bnb.functional.dequantize_4bit(whole.data, a))  # fmt: skip
