@@ -90,8 +90,10 @@ def run_box(args: argparse.Namespace, rtt: float, ref: torch.Tensor, ids: torch.
 
         token = parse_join_token(token_text)
         wait_covered(token, n_blocks, {r[1] for r in rows}, timeout=300)
+        # The client in the servers' dtype, as the local reference runs its head: the SDK's
+        # default (float32) rounds differently from a bfloat16 head and can pick another token.
         model = AutoDistributedModelForCausalLM.from_pretrained(
-            args.model, initial_peers=token_text
+            args.model, initial_peers=token_text, dtype=getattr(torch, args.dtype)
         )
         try:
             out, s = decode_s_per_token(model, ids, args.new_tokens)

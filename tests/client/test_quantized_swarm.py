@@ -38,3 +38,34 @@ async def test_mixed_swarm_answers_paris(smollm2_dir, swarms, sdk_models):
     answer = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
     print(f"\nnf4 on blocks {nf4_span}: {answer!r}")
     assert "Paris" in answer
+
+
+async def test_nf4_bfloat16_swarm_equals_local_quantized(smollm2_dir, swarms, sdk_models):
+    """Servers in nf4 over bfloat16 and a bfloat16 client give what transformers gives with the
+    same layers quantized the same way (drift.models.quant.quantize_layer): the same logits and
+    greedy tokens. (A float32 client differs by bfloat16's rounding of the head, ~0.2 in the
+    logits here: compare in the servers' dtype.)"""
+    from transformers import AutoModelForCausalLM
+
+    from drift.models.quant import quantize_layer
+
+    swarm = await swarms.start(smollm2_dir, [(0, 15), (15, 30)], quant_type="nf4",
+                               torch_dtype="bfloat16")  # fmt: skip
+    model = await sdk_models.open(smollm2_dir, swarm.token, dtype=torch.bfloat16)
+    ids = torch.randint(0, 40000, (1, 12), generator=torch.Generator().manual_seed(0))
+    local = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.bfloat16).eval()
+    layers = local.model.layers
+    for i, layer in enumerate(layers):
+        layers[i] = quantize_layer(layer, "nf4", torch.bfloat16, torch.device("cpu"))
+    with torch.inference_mode():
+        want = local.generate(ids, max_new_tokens=16, do_sample=False)
+        want_logits = local(ids).logits.float()
+    got = await asyncio.to_thread(model.generate, ids, max_new_tokens=16, do_sample=False)
+
+    def logits() -> torch.Tensor:
+        with torch.no_grad():
+            return model(ids).logits.float()
+
+    got_logits = await asyncio.to_thread(logits)
+    assert torch.equal(got, want), (got[0, 12:].tolist(), want[0, 12:].tolist())
+    torch.testing.assert_close(got_logits, want_logits, atol=0.05, rtol=0)
