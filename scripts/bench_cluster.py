@@ -19,8 +19,12 @@ from __future__ import annotations
 
 import argparse
 import gc
+import re
+import ssl
 import tempfile
 import time
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -41,15 +45,32 @@ from tests.cluster.swarm import (
 SERVING_RE = r"^serving blocks \[(\d+), (\d+)\)"
 
 
-def decode_s_per_token(model, ids: torch.Tensor, new: int) -> tuple[torch.Tensor, float]:
-    """(greedy tokens, seconds per decode step: the `new`-token run minus the 1-token run)."""
-    t0 = time.perf_counter()
+def step_seconds(addrs: list[str]) -> float:
+    """Summed step latency of the servers at `addrs` so far (their /metrics)."""
+    ctx = ssl.create_default_context()  # a TLS server's certificate names its peer id
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    total = 0.0
+    for addr in addrs:
+        with urllib.request.urlopen(f"{addr}/metrics", timeout=10, context=ctx) as resp:
+            text = resp.read().decode()
+        m = re.search(r"^drift_step_latency_seconds_sum (\S+)", text, re.M)
+        total += float(m.group(1)) if m else 0.0
+    return total
+
+
+def decode_s_per_token(model, ids: torch.Tensor, new: int,
+                       servers_s: Callable[[], float] | None = None):  # fmt: skip
+    """(greedy tokens, seconds per decode step, the servers' summed step seconds per decode
+    step or None): each the `new`-token run minus the 1-token run. `servers_s` reads the
+    servers' summed step time so far."""
+    clocks = [(time.perf_counter(), servers_s() if servers_s else 0.0)]
     model.generate(ids, max_new_tokens=1, do_sample=False)
-    t1 = time.perf_counter()
-    # random weights reach EOS early: min_new_tokens keeps every run `new` steps long
+    clocks.append((time.perf_counter(), servers_s() if servers_s else 0.0))
     out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)
-    t2 = time.perf_counter()
-    return out, ((t2 - t1) - (t1 - t0)) / (out.shape[1] - ids.shape[1] - 1)
+    clocks.append((time.perf_counter(), servers_s() if servers_s else 0.0))
+    steps = out.shape[1] - ids.shape[1] - 1
+    per = [((c[2] - c[1]) - (c[1] - c[0])) / steps for c in zip(*clocks, strict=True)]
+    return out, per[0], per[1] if servers_s else None
 
 
 def local_reference(model_dir: Path, dtype: torch.dtype, quant: str, ids: torch.Tensor, new: int):
@@ -61,7 +82,7 @@ def local_reference(model_dir: Path, dtype: torch.dtype, quant: str, ids: torch.
         for i, layer in enumerate(layers):
             layers[i] = quantize_layer(layer, quant, dtype, torch.device("cpu"))
     with torch.inference_mode():
-        out, s = decode_s_per_token(model, ids, new)
+        out, s, _ = decode_s_per_token(model, ids, new)
     del model
     gc.collect()
     return out, s
@@ -74,7 +95,8 @@ def run_box(args: argparse.Namespace, rtt: float, ref: torch.Tensor, ids: torch.
     flags = ["--device", "cpu", *(["--torch_dtype", args.dtype] if args.dtype_flag else []),
              *(["--quant_type", args.quant_type] if args.quant_type != "none" else [])]  # fmt: skip
     with Box(args.machines, Path(tempfile.mkdtemp(prefix="drift-bench-cluster-")),
-             memory=int(args.memory_gib * 2**30), rtt_ms=rtt, rate=args.rate) as box:  # fmt: skip
+             memory=int(args.memory_gib * 2**30), rtt_ms=rtt, rate=args.rate,
+             threads=args.threads) as box:  # fmt: skip
         rows, token_text = [], None
         for m in box.machines:
             extra = flags if token_text is None else ["--join", token_text]
@@ -95,13 +117,15 @@ def run_box(args: argparse.Namespace, rtt: float, ref: torch.Tensor, ids: torch.
         model = AutoDistributedModelForCausalLM.from_pretrained(
             args.model, initial_peers=token_text, dtype=getattr(torch, args.dtype)
         )
+        addrs = [r.addrs[0] for r in servers(token)]
         try:
-            out, s = decode_s_per_token(model, ids, args.new_tokens)
+            out, s, compute = decode_s_per_token(model, ids, args.new_tokens,
+                                                 lambda: step_seconds(addrs))  # fmt: skip
         finally:
             model.close()
         ooms = [m.oom_kills() for m in box.machines]
         return dict(rows=rows, covered=covered(servers(token), n_blocks), same=torch.equal(out, ref),
-                    s=s, ooms=ooms)  # fmt: skip
+                    s=s, compute=compute, ooms=ooms)  # fmt: skip
 
 
 def main() -> None:
@@ -121,17 +145,22 @@ def main() -> None:
     p.add_argument("--quant_type", default="none", choices=["none", "int8", "nf4"],
                    help="passed to the first machine (the joiners follow the swarm)")  # fmt: skip
     p.add_argument("--new_tokens", type=int, default=12)
+    p.add_argument("--threads", type=int, default=None,
+                   help="each machine's OMP_NUM_THREADS (default: unset, torch's default of "
+                        "every core, as users run it; one session computes on one machine "
+                        "at a time)")  # fmt: skip
     args = p.parse_args()
-    torch.set_num_threads(2)
     ids = torch.tensor([[1, 504, 3458, 282, 4649, 314, 1345, 30]])
     ref, local_s = local_reference(args.model, getattr(torch, args.dtype), args.quant_type, ids,
                                    args.new_tokens)  # fmt: skip
     quant = f", {args.quant_type}" if args.quant_type != "none" else ""
-    print(f"local transformers ({args.dtype}{quant}, weights in memory): {local_s:.3f} s/token")
+    print(f"local transformers ({args.dtype}{quant}, weights in memory, "
+          f"{torch.get_num_threads()} threads): {local_s:.3f} s/token")  # fmt: skip
     for rtt in args.rtt_ms:
         r = run_box(args, rtt, ref, ids)
+        threads = "torch's default threads" if args.threads is None else f"{args.threads} threads"
         print(f"\n{args.machines} machines x {args.memory_gib} GiB{quant}, RTT {rtt:g} ms, "
-              f"{args.rate}:")  # fmt: skip
+              f"{args.rate}, {threads}:")  # fmt: skip
         print("| machine | span | budget read | sizing |")
         print("|---|---|---|---|")
         for name, _, span, budget, memory in r["rows"]:
@@ -142,7 +171,9 @@ def main() -> None:
         )
         print(
             f"decode: drift {r['s']:.3f} s/token vs local {local_s:.3f} s/token "
-            f"(ratio local/drift {local_s / r['s']:.2f}x)",
+            f"(ratio local/drift {local_s / r['s']:.2f}x); the servers' summed step time "
+            f"{r['compute']:.3f} s/token, the rest (client head, generate(), wire) "
+            f"{r['s'] - r['compute']:.3f}",
             flush=True,
         )
 

@@ -75,6 +75,7 @@ class Machine:
     cgroups: list[Path]  # cgroup directories its processes join
     memory: int  # bytes
     workdir: Path
+    threads: int | None = 1  # OMP_NUM_THREADS of its processes; None: torch's default (all cores)
     procs: list[DriftProc] = field(default_factory=list)
 
     @property
@@ -84,8 +85,12 @@ class Machine:
     def run(self, args: list[str], env: dict[str, str] | None = None) -> DriftProc:
         """`python -m drift.cli *args` on this machine (its network, memory and CPU)."""
         procs = " ".join(str(c / "cgroup.procs") for c in self.cgroups)
-        full = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(Path.cwd()),
-                    DRIFT_CACHE=str(self.workdir / "cache"), BOX_CGROUP_PROCS=procs, **(env or {}))  # fmt: skip
+        full = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(Path.cwd()),
+                    DRIFT_CACHE=str(self.workdir / "cache"), BOX_CGROUP_PROCS=procs)  # fmt: skip
+        full.pop("OMP_NUM_THREADS", None)
+        if self.threads is not None:
+            full["OMP_NUM_THREADS"] = str(self.threads)
+        full.update(env or {})
         prefix = ["nsenter", f"--net=/var/run/netns/{self.ns}", "sh", "-c", ENTER, "sh"]
         proc = PrefixedProc(prefix, args, full)
         self.procs.append(proc)
@@ -116,7 +121,12 @@ class Box:
     """N machines of `memory` bytes each on a bridge of `rate` with `rtt_ms` between them."""
 
     def __init__(self, n: int, workdir: Path, *, memory: int, rtt_ms: float = 0.0,
-                 rate: str = "1gbit", cpu_weight: int = 100) -> None:  # fmt: skip
+                 rate: str = "1gbit", cpu_weight: int = 100,
+                 threads: int | None = 1) -> None:  # fmt: skip
+        """`threads`: each machine's OMP_NUM_THREADS (1: several machines share this host's
+        cores without spinning against each other); None: torch's default, every core, as a
+        user's machine runs it (a benchmark of one session, where one machine computes at a
+        time)."""
         reason = why_not()
         if reason:
             raise RuntimeError(reason)
@@ -137,6 +147,7 @@ class Box:
             sh("ip", "link", "set", self.bridge, "up")
             for i in range(n):
                 self.machines.append(self._machine(i, workdir, memory, rate, cpu_weight))
+                self.machines[-1].threads = threads
             if rtt_ms > 0:
                 self._start_proxy(rtt_ms)
         except BaseException:
