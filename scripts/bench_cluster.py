@@ -62,7 +62,9 @@ def decode_s_per_token(model, ids: torch.Tensor, new: int,
                        servers_s: Callable[[], float] | None = None):  # fmt: skip
     """(greedy tokens, seconds per decode step, the servers' summed step seconds per decode
     step or None): each the `new`-token run minus the 1-token run. `servers_s` reads the
-    servers' summed step time so far."""
+    servers' summed step time so far. One untimed run first: a first generate() pays one-time
+    warm-up (seconds on a CPU), which would otherwise come off the 1-token run."""
+    model.generate(ids, max_new_tokens=2, do_sample=False)
     clocks = [(time.perf_counter(), servers_s() if servers_s else 0.0)]
     model.generate(ids, max_new_tokens=1, do_sample=False)
     clocks.append((time.perf_counter(), servers_s() if servers_s else 0.0))
