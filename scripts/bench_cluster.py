@@ -13,6 +13,8 @@ layer's linears quantized as DRIFT quantizes them (drift.models.quant.quantize_l
 Prints, per RTT: each machine's span and the budget it read, coverage, whether greedy tokens
 equal local transformers, and decode seconds per token against local transformers (ratio =
 local / drift, so >1 is faster). Machines join one after another, each once the previous serves.
+With --churn, one more machine joins in the middle of a greedy session and then a machine that
+session uses is SIGKILLed: the session's tokens must still equal local transformers'.
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
 
 from drift.client import AutoDistributedModelForCausalLM
+from tests.client.faults import AtStep
 from tests.cluster.box import Box
 from tests.cluster.swarm import (
     BUDGET_RE,
@@ -96,11 +100,11 @@ def run_box(args: argparse.Namespace, rtt: float, ref: torch.Tensor, ids: torch.
     n_blocks = AutoConfig.from_pretrained(args.model).num_hidden_layers
     flags = ["--device", "cpu", *(["--torch_dtype", args.dtype] if args.dtype_flag else []),
              *(["--quant_type", args.quant_type] if args.quant_type != "none" else [])]  # fmt: skip
-    with Box(args.machines, Path(tempfile.mkdtemp(prefix="drift-bench-cluster-")),
+    with Box(args.machines + int(args.churn), Path(tempfile.mkdtemp(prefix="drift-bench-cluster-")),
              memory=int(args.memory_gib * 2**30), rtt_ms=rtt, rate=args.rate,
              threads=args.threads) as box:  # fmt: skip
         rows, token_text = [], None
-        for m in box.machines:
+        for m in box.machines[: args.machines]:
             extra = flags if token_text is None else ["--join", token_text]
             proc = m.up(args.model, *extra)
             peer = proc.wait_for(PEER_RE, timeout=120).group(1)
@@ -112,6 +116,7 @@ def run_box(args: argparse.Namespace, rtt: float, ref: torch.Tensor, ids: torch.
                 token_text = proc.wait_for(JOIN_RE, timeout=60).group(1)
         from drift.identity import parse_join_token
 
+        assert token_text is not None, "no machine started"
         token = parse_join_token(token_text)
         wait_covered(token, n_blocks, {r[1] for r in rows}, timeout=300)
         # The client in the servers' dtype, as the local reference runs its head: the SDK's
@@ -123,11 +128,89 @@ def run_box(args: argparse.Namespace, rtt: float, ref: torch.Tensor, ids: torch.
         try:
             out, s, compute = decode_s_per_token(model, ids, args.new_tokens,
                                                  lambda: step_seconds(addrs))  # fmt: skip
+            events = churn(args, box, model, ids, ref, token_text, n_blocks) if args.churn else {}
         finally:
             model.close()
         ooms = [m.oom_kills() for m in box.machines]
         return dict(rows=rows, covered=covered(servers(token), n_blocks), same=torch.equal(out, ref),
-                    s=s, compute=compute, ooms=ooms)  # fmt: skip
+                    s=s, compute=compute, ooms=ooms, events=events)  # fmt: skip
+
+
+def churn(args: argparse.Namespace, box: Box, model: Any, ids: torch.Tensor, ref: torch.Tensor,
+          token_text: str, n_blocks: int) -> dict:  # fmt: skip
+    """One greedy session: after 3 tokens the box's last machine joins (`--join` only; the
+    session waits until it serves), after 6 a machine the session uses whose blocks others
+    also serve is SIGKILLed. Its tokens against local transformers', spans before and after,
+    and its step times."""
+    from drift.identity import parse_join_token
+
+    token = parse_join_token(token_text)
+    peers = {r.peer_id: r for r in servers(token)}
+    before = {p: r.span for p, r in peers.items()}
+    events: dict[str, Any] = {"before": before}
+    machine_of: dict[str, Any] = {}
+    for m in box.machines[: args.machines]:
+        for proc in m.procs:
+            found = re.search(PEER_RE, proc.output(), re.M)
+            if found:
+                machine_of[found.group(1)] = m
+
+    def join() -> None:
+        t0 = time.perf_counter()
+        new = box.machines[-1]
+        proc = new.up(args.model, "--join", token_text)
+        peer = proc.wait_for(PEER_RE, timeout=120).group(1)
+        span = proc.wait_for(SERVING_RE, timeout=900)
+        machine_of[peer] = new
+        wait_covered(token, n_blocks, set(before) | {peer}, timeout=120)
+        events["joined"] = (new.name, f"[{span.group(1)}, {span.group(2)})",
+                            time.perf_counter() - t0)  # fmt: skip
+
+    def kill() -> None:
+        used = {span.hop.peer_id for span in model._owned[0].session.spans}
+        live = servers(token)
+        for r in live:
+            rest = [x for x in live if x.peer_id != r.peer_id]
+            if r.peer_id in used and r.peer_id in machine_of and covered(rest, n_blocks):
+                machine_of[r.peer_id].kill()
+                events["killed"] = (machine_of[r.peer_id].name, r.span)
+                return
+
+    stamps: list[float] = []
+
+    def stamp() -> None:
+        stamps.append(time.perf_counter())
+
+    class Each(LogitsProcessor):
+        def __call__(self, input_ids, scores):  # noqa: ANN001
+            stamp()
+            return scores
+
+    hooks = LogitsProcessorList([Each(), AtStep(3, join), AtStep(6, kill)])  # stamp first
+    out = model.generate(ids, max_new_tokens=args.new_tokens, do_sample=False,
+                         logits_processor=hooks)  # fmt: skip
+    steps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    events.update(same=torch.equal(out, ref), after={r.peer_id: r.span for r in servers(token)},
+                  steps=steps)  # fmt: skip
+    return events
+
+
+def churn_line(ev: dict) -> str:
+    """The churn session, in one paragraph."""
+    name, span, took = ev.get("joined", ("none", "-", 0.0))
+    killed = ev.get("killed")
+    moved = sorted(
+        p[:12] for p, sp in ev["after"].items() if p in ev["before"] and ev["before"][p] != sp
+    )
+    steps = sorted(t for i, t in enumerate(ev["steps"]) if i != 2)  # [2]: the wait for the join
+    median = steps[len(steps) // 2] if steps else 0.0
+    return (
+        f"churn: {name} joined mid-session serving {span} ({took:.1f} s from start to serving, "
+        f"the session waiting); killed: {killed or 'none (no machine the session used could go)'}; "
+        f"servers that moved span: {moved or 'none'}; tokens identical to local: {ev['same']}; "
+        f"median step {median:.3f} s, the step after the kill "
+        f"{ev['steps'][5] if len(ev['steps']) > 5 else float('nan'):.3f} s"
+    )
 
 
 def main() -> None:
@@ -147,6 +230,9 @@ def main() -> None:
     p.add_argument("--quant_type", default="none", choices=["none", "int8", "nf4"],
                    help="passed to the first machine (the joiners follow the swarm)")  # fmt: skip
     p.add_argument("--new_tokens", type=int, default=12)
+    p.add_argument("--churn", action="store_true",
+                   help="then a session where a machine more joins after 3 tokens and, after 6, "
+                        "one the session uses is SIGKILLed (blocks others also serve)")  # fmt: skip
     p.add_argument("--threads", type=int, default=None,
                    help="each machine's OMP_NUM_THREADS (default: unset, torch's default of "
                         "every core, as users run it; one session computes on one machine "
@@ -178,6 +264,8 @@ def main() -> None:
             f"{r['s'] - r['compute']:.3f}",
             flush=True,
         )
+        if r["events"]:
+            print(churn_line(r["events"]), flush=True)
 
 
 if __name__ == "__main__":
