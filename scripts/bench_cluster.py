@@ -151,7 +151,7 @@ def churn(args: argparse.Namespace, box: Box, model: Any, ids: torch.Tensor, ref
     machine_of: dict[str, Any] = {}
     for m in box.machines[: args.machines]:
         for proc in m.procs:
-            found = re.search(PEER_RE, proc.output(), re.M)
+            found = re.search(PEER_RE.pattern, proc.output(), re.M)
             if found:
                 machine_of[found.group(1)] = m
 
