@@ -1,7 +1,9 @@
 """One error middleware for every route: errors become `{"error": {"code", "message"}}`.
 
 DriftError -> its status and code; aiohttp HTTPExceptions (404, 405, 413...) -> the same
-JSON shape; anything else -> 500 `internal` without leaking a traceback (it is logged).
+JSON shape; a caller that went away mid-request (its connection reset while its body was
+read) -> a quiet 400 no one receives (logged at debug, not as our error); anything else ->
+500 `internal` without leaking a traceback (it is logged).
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         if "Allow" in exc.headers:
             response.headers["Allow"] = exc.headers["Allow"]
         return response
+    except ConnectionResetError:  # the caller's side: it timed out or died mid-request
+        log.debug("%s %s: the caller went away mid-request", request.method, request.path)
+        return error_response(400, "bad_request", "the connection was lost mid-request")
     except Exception:
         log.exception("internal error in %s %s", request.method, request.path)
         return error_response(500, "internal", "internal server error")

@@ -134,3 +134,29 @@ def wait_online(token: JoinToken, peer_ids: set[str], timeout: float = 60,
 def tokens_total(m: Member) -> int:
     """The member's drift_tokens_total, from its /metrics over TLS bound to its peer id."""
     return asyncio.run(read_tokens(f"https://127.0.0.1:{m.port}", ssl=peer_ssl(m.peer_id)))
+
+
+def describe(seed: Member, members: list[Member], tail: int = 40) -> str:
+    """What a failed fault test needs to know: the seed's record of each member (state,
+    span, degraded, draining, seconds to expiry) and the last lines of each member's output."""
+    out: list[str] = []
+    try:
+        snap = read_swarm_blocking([seed.token], timeout_s=5)  # type: ignore[list-item]
+        now = time.time()
+        held = {r.peer_id: r for r in snap.records}
+        for m in [seed, *members]:
+            r = held.get(m.peer_id) if m.token is not None else None
+            out.append(f"{m.name}: " + ("no record at the seed" if r is None else
+                       f"{r.state} span={r.span} degraded_s={r.optional('degraded_s')} "
+                       f"draining={r.optional('draining')} expires_in={r.expires_at - now:.1f}s"))  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 -- the seed may be the thing that died
+        out.append(f"could not read the seed's table: {exc!r}")
+    names = sorted(t.name.rstrip("0123456789_-") for t in threading.enumerate())
+    counts = {n: names.count(n) for n in dict.fromkeys(names)}
+    out.append(f"this test process runs {len(names)} threads: {counts}")
+    for m in [seed, *members]:
+        alive = m.proc is not None and m.proc.popen.poll() is None
+        lines = m.proc.output().splitlines()[-tail:] if m.proc is not None else []
+        out.append(f"--- {m.name} ({'running' if alive else 'not running'}), last lines:")
+        out.extend(lines)
+    return "\n".join(out)

@@ -30,7 +30,7 @@ from drift.client import transport as client_transport
 from drift.swarm.reader import read_swarm_blocking
 from drift.wire.errors import MissingBlocks
 from tests.client.faults import AtStep
-from tests.faults.procs import RECORD_TTL_S, Member, dht, server, wait_online
+from tests.faults.procs import RECORD_TTL_S, Member, describe, dht, server, wait_online
 from tests.tiny_models import save_tiny
 
 pytestmark = pytest.mark.timeout(600)
@@ -51,6 +51,11 @@ class Swarm:
     @property
     def replicas(self) -> list[Member]:
         return [self.a, self.b]
+
+    def describe(self) -> str:
+        """The seed's view of each member and their last output lines (a failed test's
+        report carries it: tests/faults/conftest.py)."""
+        return describe(self.seed, [self.c, self.a, self.b])
 
     def by_peer(self, peer_id: str) -> Member:
         return next(m for m in (self.c, self.a, self.b) if m.peer_id == peer_id)

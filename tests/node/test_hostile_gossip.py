@@ -164,6 +164,30 @@ async def test_half_open_sockets_are_closed(nodes: Nodes) -> None:
     writer.close()
 
 
+async def test_a_caller_that_resets_mid_body_is_not_our_error(nodes: Nodes, caplog) -> None:
+    """A gossip POST whose caller resets the connection half way through its body (a peer
+    that timed out, or died) is the caller's doing: no `internal error` traceback is logged,
+    and the node goes on answering."""
+    import socket
+
+    _, running = await nodes.start()
+    reader, writer = await asyncio.open_connection("127.0.0.1", running.port)
+    writer.write(
+        b"POST /swarm/gossip HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100000\r\n\r\n" + b'{"records": [' + b" " * 1000
+    )
+    await writer.drain()
+    await asyncio.sleep(0.3)  # the handler is reading the body
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    writer.close()  # linger 0: a reset, not a close
+    await asyncio.sleep(0.3)
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"http://127.0.0.1:{running.port}/health") as resp:
+            assert resp.status == 200
+    assert not [r for r in caplog.records if "internal error" in r.getMessage()]
+
+
 async def test_an_identity_flood_cannot_keep_a_real_newcomer_out(nodes: Nodes) -> None:
     """Issue 24, finding 4: 64 POSTs x 300 fresh self-signed identities from one address
     (127.0.0.2) while a real new server joins from another (127.0.0.1): each address holds
