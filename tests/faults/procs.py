@@ -61,6 +61,7 @@ class Member:
                      "--identity_path", str(workdir / "id.key"), "--cache_dir", str(workdir)]  # fmt: skip
         self.proc: DriftProc | None = None
         self.token: JoinToken | None = None
+        self.launched_at = 0.0  # time.time() of the latest launch (wait_online's `since`)
 
     @property
     def peer_id(self) -> str:
@@ -69,6 +70,7 @@ class Member:
 
     def launch(self) -> Member:
         env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(Path.cwd()))
+        self.launched_at = time.time()
         self.proc = (DriftProc(self.args, env) if self.prefix is None
                      else PrefixedProc(self.prefix, self.args, env))  # fmt: skip
         return self
@@ -89,9 +91,18 @@ class Member:
         assert self.proc is not None
         self.proc.popen.send_signal(signal.SIGSTOP)
 
-    def thaw(self) -> None:
+    def stopped(self) -> bool:
+        """Whether the process is frozen (SIGSTOP): state T in /proc (Linux)."""
+        if self.proc is None or self.proc.popen.poll() is not None:
+            return False
+        stat = Path(f"/proc/{self.proc.popen.pid}/stat")
+        return stat.is_file() and stat.read_text().rpartition(")")[2].split()[0] in ("T", "t")
+
+    def thaw(self) -> float:
+        """SIGCONT; the time.time() it was sent (wait_online's `since`: its re-signed record)."""
         assert self.proc is not None
         self.proc.popen.send_signal(signal.SIGCONT)
+        return time.time()
 
 
 def server(name: str, workdir: Path, model_dir: Path, start: int, end: int,
@@ -107,20 +118,26 @@ def dht(name: str, workdir: Path, **where: object) -> Member:
     return Member(name, workdir / name, ["dht"], **where)  # type: ignore[arg-type]
 
 
-def online(token: JoinToken) -> set[str]:
-    """Peer ids of online servers in the table of the node behind `token`."""
+def online(token: JoinToken, since: float = 0.0) -> set[str]:
+    """Peer ids of online servers in the table of the node behind `token` whose record was
+    signed after `since` (a time.time(); 0: any)."""
     snap = read_swarm_blocking([token], timeout_s=5)
-    return {r.peer_id for r in snap.live() if r.state == "online" and r.span is not None}
+    return {r.peer_id for r in snap.live()
+            if r.state == "online" and r.span is not None and r.seq >= since * 1e6}  # fmt: skip
 
 
 def wait_online(token: JoinToken, peer_ids: set[str], timeout: float = 60,
-                absent: set[str] = frozenset()) -> None:  # type: ignore[assignment]  # fmt: skip
+                absent: set[str] = frozenset(),  # type: ignore[assignment]
+                since: float = 0.0) -> None:  # fmt: skip
     """Until the node behind `token` lists every peer in `peer_ids` online (and none of
-    `absent`)."""
+    `absent`), each by a record signed after `since`. A member (re)started or thawed at `t`
+    is waited for with `since=t`: records count the microseconds of their signing as `seq`
+    (drift.node.membership), and the record of its previous run can still be live for a
+    record TTL after it died: online by that one, it is not back yet."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            seen = online(token)
+            seen = online(token, since)
         except Exception:  # the node may be restarting
             seen = set()
         if peer_ids <= seen and not absent & seen:

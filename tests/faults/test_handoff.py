@@ -120,7 +120,7 @@ def restart(swarm: Swarm, victim: Member, *extra: str) -> None:
     victim.args = [*args, *extra]
     victim.kill()
     victim.start()
-    wait_online(swarm.seed.token, {swarm.a.peer_id, swarm.b.peer_id})
+    wait_online(swarm.seed.token, {swarm.a.peer_id, swarm.b.peer_id}, since=victim.launched_at)
 
 
 def test_sigterm_hands_the_session_over_without_replay(swarm, reference):

@@ -60,13 +60,32 @@ class Swarm:
     def by_peer(self, peer_id: str) -> Member:
         return next(m for m in (self.c, self.a, self.b) if m.peer_id == peer_id)
 
+    def heal(self) -> None:
+        """Whole again after a test that failed half way (so its failure stays its own): every
+        frozen member thawed, every dead one started again and waited for."""
+        members, since = [self.c, self.a, self.b], time.time()
+        frozen = [m for m in members if m.stopped()]
+        for m in frozen:
+            m.thaw()
+        dead = [
+            m for m in [self.seed, *members] if m.proc is None or m.proc.popen.poll() is not None
+        ]
+        for m in dead:
+            m.launch()
+        for m in dead:
+            m.wait_started()
+        if frozen or dead:
+            wait_online(self.seed.token, {m.peer_id for m in members}, since=since)  # type: ignore[arg-type]
+
     def restart(self, *members: Member) -> None:
         for m in members:
             m.kill()
             m.launch()
         for m in members:
             m.wait_started()
-        wait_online(self.seed.token, {m.peer_id for m in (self.c, self.a, self.b)})  # type: ignore[arg-type]
+        since = min((m.launched_at for m in members), default=0.0)  # their records, not old ones
+        wait_online(self.seed.token, {m.peer_id for m in (self.c, self.a, self.b)},  # type: ignore[arg-type]
+                    since=since)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +106,12 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swarm]:
     finally:
         for m in [seed, *members]:
             m.kill()
+
+
+@pytest.fixture(autouse=True)
+def whole(swarm: Swarm) -> None:
+    """Each test starts from the whole swarm, whatever the one before left."""
+    swarm.heal()
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +160,7 @@ def test_sigkill_mid_generate_with_a_replica_then_restart(swarm, model, referenc
     assert killed and model.client.bans.failures(killed[0].peer_id) >= 1
     (victim,) = killed
     victim.start()  # same identity file, same port: the same join token
-    wait_online(swarm.seed.token, {victim.peer_id})
+    wait_online(swarm.seed.token, {victim.peer_id}, since=victim.launched_at)
     other = next(m for m in swarm.replicas if m is not victim)
     other.freeze()  # only the restarted one can serve [2, 4) now
     try:
@@ -157,7 +182,7 @@ def test_sigkill_mid_generate_without_a_replica(swarm, model, reference):
     with pytest.raises(MissingBlocks, match="2-3"):
         generate(model, kill_the_last)
     spare.start()
-    wait_online(swarm.seed.token, {spare.peer_id})
+    wait_online(swarm.seed.token, {spare.peer_id}, since=spare.launched_at)
     time.sleep(1.2)  # past the client's bans
     assert torch.equal(generate(model), reference)
     swarm.restart(swarm.b)
@@ -278,18 +303,19 @@ def test_sigstop_is_left_quickly_and_rejoins_on_sigcont(swarm, model, reference)
         victim.freeze()
         frozen.append(victim)
 
+    thawed = 0.0
     try:
         out = generate(model, freeze_in_use)
     finally:
         for m in frozen:
-            m.thaw()
+            thawed = m.thaw()
     assert torch.equal(out, reference)
     # the client left the frozen server after a wait set by its measured pace, not the fixed
     # step_timeout_s
     waited = model.client.timeouts.timeout(f"{frozen[0].peer_id}:step", 1)
     assert waited < model.client.config.step_timeout_s / 4, waited
     # thawed, it re-signs its record and is back in the swarm
-    wait_online(swarm.seed.token, {frozen[0].peer_id})
+    wait_online(swarm.seed.token, {frozen[0].peer_id}, since=thawed)
 
 
 CLIENT = """
@@ -381,10 +407,12 @@ def test_repeated_chaos(swarm, model, reference):
             hit.append((victim, how))
 
         assert torch.equal(generate(model, strike, at=rng.randint(2, NEW - 2)), reference)
+        since = time.time()
         for victim, how in hit:
             if how == "freeze":
                 victim.thaw()
             else:
                 victim.start()
-        wait_online(swarm.seed.token, {m.peer_id for m in swarm.replicas})  # type: ignore[arg-type]
+        wait_online(swarm.seed.token, {m.peer_id for m in swarm.replicas},  # type: ignore[arg-type]
+                    since=since)  # fmt: skip
         time.sleep(1.2)
