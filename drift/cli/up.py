@@ -20,6 +20,7 @@ from typing import Any
 
 from drift.cli._budget import parse_size
 from drift.cli._exits import usage_errors
+from drift.cli._gpus import Child, count_devices, parse_gpus, plan, supervise
 from drift.cli._identity import open_node_identity
 from drift.cli._net import DEFAULT_PORT, check_port_free, join_command, pick_free_port
 from drift.cli._options import add_node_options
@@ -63,6 +64,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="the most memory this server may use in all, e.g. 3GiB or 1536MiB, for a share of "
         "the machine (default: $DRIFT_MAX_MEMORY, else no cap beyond what the machine has: its "
         "memory cgroup (container or systemd limit), its free RAM, or the GPU's free memory)",
+    )
+    p.add_argument(
+        "--gpus",
+        type=parse_gpus,
+        default=None,
+        metavar="all|N",
+        help="on a machine with several GPUs, how many serve, each as its own server (its own "
+        "port, PORT + i, and identity; the others join the first): all (default) or a count",
     )
     p.add_argument(
         "--start_delay",
@@ -114,6 +123,7 @@ class UpConfig:
     balance: BalanceConfig | None  # None: never move (pinned span or --balance_quality 0)
     auto_port: bool = False  # the default port, not asked for: a busy one moves to a free one
     max_memory: int | None = None  # --max_memory: this process's share of the machine, bytes
+    gpus: int | None = None  # --gpus: servers on a machine with several GPUs (None: all)
 
 
 def up_config_from_args(args: argparse.Namespace) -> UpConfig:
@@ -137,7 +147,7 @@ def up_config_from_args(args: argparse.Namespace) -> UpConfig:
     asked = any(a.split("=", 1)[0] in ("--port", "--host_maddrs") for a in argv)
     auto_port = node.port == DEFAULT_PORT and not args.host_maddrs and not asked
     return UpConfig(args.model, node, server, identity_path, key_file, args.start_delay, balance,
-                    auto_port, getattr(args, "max_memory", None))  # fmt: skip
+                    auto_port, getattr(args, "max_memory", None), getattr(args, "gpus", None))  # fmt: skip
 
 
 def private_swarm_key(path: Path) -> str:
@@ -158,7 +168,32 @@ def run(args: argparse.Namespace) -> int:
         if args.print_service:
             print(service_text(cfg, args), end="")
             return 0
+        kind, n = count_devices(cfg.server.device, cfg.gpus)
+        children = per_gpu(cfg, getattr(args, "argv", None) or sys.argv[1:], kind, n) \
+            if n > 1 else None  # fmt: skip
+    if children is not None:
+        return supervise(children, join=not cfg.node.initial_peers)
     return _run(cfg)
+
+
+def per_gpu(cfg: UpConfig, argv: list[str], kind: str, n: int) -> list[Child]:
+    """One `drift up` per GPU (drift.cli._gpus): ports from this one's on (each checked
+    free, or the next free one when the port was not asked for), said before they start."""
+    ports: list[int] = []
+    for _ in range(n):
+        want = max(cfg.node.port, ports[-1] + 1) if ports else cfg.node.port
+        if cfg.auto_port:
+            while want in ports:
+                want += 1
+            want, _note = pick_free_port(cfg.node.host, want)
+        else:
+            check_port_free(cfg.node.host, want)
+        ports.append(want)
+    say(f"{n} {kind.upper()} devices: one server each, on ports {', '.join(map(str, ports))} "
+        "(--gpus 1 serves from the first only)")  # fmt: skip
+    return plan(argv, n, kind=kind, ports=ports, identity_path=cfg.identity_path,
+                cache_dir=cfg.server.cache_dir or resolve_cache_dir(None),
+                private_key=cfg.swarm_key_file)  # fmt: skip
 
 
 def service_text(cfg: UpConfig, args: argparse.Namespace) -> str:
