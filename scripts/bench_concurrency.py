@@ -9,8 +9,12 @@ The servers batch the steps that queue up while they compute (drift.server.batch
 mean batch size is read from their /metrics. The CPU time of the client and of each server
 per token is printed too: on a shared machine whose load drifts, how much less CPU a token
 costs than with 1 session is the load-independent side of the speed-up.
+With --one_model every session is a thread of one model instead (concurrent generate() calls
+of one process, as `drift api` makes them): their LM-head products then share one read of
+the head's weights (drift.client.shared_head).
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/bench_concurrency.py --sessions 1,2,4,8,16
+    OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/bench_concurrency.py --sessions 1,8 --one_model
 """
 
 from __future__ import annotations
@@ -100,6 +104,9 @@ def main() -> None:
     parser.add_argument("--sessions", default="1,2,4,8,16", help="session counts to bench")
     parser.add_argument("--new", type=int, default=8, help="new tokens per session")
     parser.add_argument("--reps", type=int, default=3, help="runs per session count (median)")
+    parser.add_argument("--one_model", action="store_true",
+                        help="every session a thread of one model (concurrent generate() calls "
+                        "of one process), not its own client")  # fmt: skip
     parser.add_argument("--batch_wait_ms", type=float, default=None,
                         help="the servers' --batch_wait_ms (default: theirs)")  # fmt: skip
     args = parser.parse_args()
@@ -115,10 +122,12 @@ def main() -> None:
                 () if args.batch_wait_ms is None else ("--batch_wait_ms", f"{args.batch_wait_ms}")
             )
             procs = ServerProcs(str(directory), [(0, n // 2), (n // 2, n)], Path(tmp), extra)
-            for _ in range(max(counts)):
+            for _ in range(1 if args.one_model else max(counts)):
                 models.append(AutoDistributedModelForCausalLM.from_pretrained(
                     directory, initial_peers=procs.token))  # fmt: skip
                 wait_covered(models[-1], n)
+            if args.one_model:  # the same model object for every thread
+                models = models * max(counts)
             solo = [generate(m, i, args.new) for i, m in enumerate(models)]  # also warms up
             walls: dict[int, list[float]] = {c: [] for c in counts}
             same = dict.fromkeys(counts, True)
@@ -137,7 +146,7 @@ def main() -> None:
                     print(f"rep {rep + 1}, {c:>2} sessions: {c * args.new / wall:6.2f} tokens/s",
                           flush=True)  # fmt: skip
         finally:
-            for m in models:
+            for m in {id(m): m for m in models}.values():
                 m.close()
             if procs is not None:
                 procs.stop()
@@ -148,7 +157,8 @@ def report(args: Any, counts: list[int], walls: dict[int, list[float]], same: di
            cpu: dict[int, list[float]], batches: dict[int, list[float]]) -> None:  # fmt: skip
     rate = {c: c * args.new / statistics.median(walls[c]) for c in counts}
     base = rate.get(1)
-    print(f"\n{args.model}, 2 servers, {args.new} new tokens per session after a "
+    kind = "threads of one model" if args.one_model else "one client each"
+    print(f"\n{args.model}, 2 servers, sessions: {kind}; {args.new} new tokens per session after a "
           f"{len(BASE_PROMPT)}-token prompt, medians of {args.reps} interleaved run(s)")  # fmt: skip
     print("| sessions | aggregate tokens/s | vs 1 session | tokens equal solo | steps per "
           "forward | CPU ms/token: client, server 1, server 2 | CPU per token vs 1 session |")  # fmt: skip

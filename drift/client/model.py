@@ -36,6 +36,7 @@ from drift.client.ptune import PromptTuning
 from drift.client.remote import RemoteClient
 from drift.client.sequential import RemoteSequential
 from drift.client.session import InferenceSession
+from drift.client.shared_head import SharedHead
 
 if TYPE_CHECKING:
     from drift.models.head import ClientHead
@@ -52,6 +53,7 @@ class DistributedPreTrainedModel(PreTrainedModel):
     def _setup(self, ckpt: Any, head: ClientHead, client: RemoteClient, *, tuning_mode: str | None,
                pre_seq_len: int, lora_config: Any = None) -> None:  # fmt: skip
         self.head = head
+        self.shared_head = SharedHead(head)  # concurrent generate() calls share its weights' read
         self.client = client
         self.num_blocks = _num_blocks(self.config)
         self.base_model_name = str(ckpt.name)  # what a saved LoRA adapter names as its base
@@ -262,7 +264,8 @@ class DistributedModelForCausalLM(DistributedPreTrainedModel, GenerationMixin):
                           output_attentions=kwargs.get("output_attentions"))  # fmt: skip
         normed = base.last_hidden_state  # [B, T, H]
         # generate() asks for the last position only: no [T, vocab] head over a whole prompt
-        logits = self.head.project(normed if labels is not None else _kept(normed, logits_to_keep))
+        kept = normed if labels is not None else _kept(normed, logits_to_keep)
+        logits = self.shared_head.project(kept)
         loss = None
         if labels is not None:
             loss = nn.functional.cross_entropy(
