@@ -10,8 +10,8 @@ mean batch size is read from their /metrics. The CPU time of the client and of e
 per token is printed too: on a shared machine whose load drifts, how much less CPU a token
 costs than with 1 session is the load-independent side of the speed-up.
 With --one_model every session is a thread of one model instead (concurrent generate() calls
-of one process, as `drift api` makes them): their LM-head products then share one read of
-the head's weights (drift.client.shared_head).
+of one process, as applications and `drift api --max_batch 1` make them): their LM-head
+products then share one read of the head's weights (drift.client.shared_head).
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/bench_concurrency.py --sessions 1,2,4,8,16
     OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/bench_concurrency.py --sessions 1,8 --one_model
