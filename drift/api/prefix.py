@@ -5,8 +5,9 @@ that starts with their tokens (the next turn of a conversation).
 closed first, and any idle longer than `ttl_s`), each with the token ids its servers'
 caches hold. `take(prompt, max_length)` gives the session sharing the longest prefix with
 `prompt` (at least `min_tokens`), rolled back to that prefix so the rest of the prompt is
-its next step, or None; `put` keeps a session whose generation ended cleanly. Thread-safe
-(generations run on executor threads). Knows nothing of HTTP.
+its next step, or None; `put` keeps a session whose generation ended cleanly;
+`release_oldest` gives a held session's room back when a server has none for a new one.
+Thread-safe (generations run on executor threads). Knows nothing of HTTP.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class SessionPool:
         self.min_tokens = min_tokens  # a shorter shared prefix is not worth a held session
         self.hits = 0  # requests that continued a held session
         self.reused_tokens = 0  # prompt tokens they did not send again
+        self.released = 0  # held sessions closed early to make room for a new one
         self._lock = threading.Lock()
         self._held: OrderedDict[int, _Held] = OrderedDict()  # id(session) -> held, LRU first
 
@@ -88,6 +90,17 @@ class SessionPool:
                 dropped.append(self._held.popitem(last=False)[1])
         for held in dropped:
             held.session.close(wait=False)
+
+    def release_oldest(self) -> bool:
+        """Close the least recently used held session and wait until its servers have freed
+        its cache (room for a session a server refused); False when none is held."""
+        with self._lock:
+            if not self._held:
+                return False
+            held = self._held.popitem(last=False)[1]
+            self.released += 1
+        held.session.close(wait=True)
+        return True
 
     def close(self) -> None:
         with self._lock:

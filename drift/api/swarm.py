@@ -9,7 +9,8 @@ With a `SessionPool` (drift.api.prefix), a one-row generation of the base model 
 session when it ends cleanly and a later prompt starting with its tokens (the next chat
 turn) continues it: only the new tokens are sent. Such sessions are opened
 `headroom_tokens` longer than asked, so the next turn fits without reopening. (Sessions of
-an adapter are not pooled.)
+an adapter are not pooled.) To the servers the API is one client: when one has no room for
+a new session, the pool's idle sessions are closed, oldest first, until it has.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 from drift.api.engine import CausalLMEngine, OpenedSessions, ServedSpan
 from drift.api.prefix import SessionPool
 from drift.client.routing import missing_blocks
-from drift.wire.errors import LengthExceeded
+from drift.wire.errors import CacheFull, LengthExceeded
 
 
 def swarm_engine(model: Any, tokenizer: Any, *, model_id: str, pool: SessionPool | None = None,
@@ -29,18 +30,31 @@ def swarm_engine(model: Any, tokenizer: Any, *, model_id: str, pool: SessionPool
     """An engine over a `DistributedModelForCausalLM` (from drift.client); with `pool`,
     one-row generations continue held sessions sharing their prompt's prefix."""
 
+    def open_new(**kwargs: Any) -> Any:
+        """model.open_session; where a server has no room for it (its KV budget, or this
+        API's share of it as one client), the API's own idle held sessions give theirs back
+        first, least recently used first, before the refusal reaches the request."""
+        while True:
+            session = model.open_session(**kwargs)
+            try:
+                session.connect()
+                return session
+            except CacheFull:
+                session.close()
+                if pool is None or not pool.release_oldest():
+                    raise
+
     def open_session(max_length: int, batch_size: int, adapter: str | None,
                      prompt: Sequence[int] | None) -> Any:  # fmt: skip
         if pool is None or prompt is None or adapter is not None:
-            return model.open_session(max_length=max_length, batch_size=batch_size,
-                                      active_adapter=adapter)  # fmt: skip
+            return open_new(max_length=max_length, batch_size=batch_size, active_adapter=adapter)
         held = pool.take(prompt, max_length)
         if held is not None:
             return held
         try:  # room for the next turn, where the servers allow it
-            return model.open_session(max_length=max_length + headroom_tokens, batch_size=1)
-        except LengthExceeded:
-            return model.open_session(max_length=max_length, batch_size=1)
+            return open_new(max_length=max_length + headroom_tokens, batch_size=1)
+        except (LengthExceeded, CacheFull):  # no room for the headroom: what was asked
+            return open_new(max_length=max_length, batch_size=1)
 
     @contextlib.contextmanager
     def sessions(max_length: int, batch_size: int, adapter: str | None = None,

@@ -20,7 +20,7 @@ from drift.client.routing import Hop
 from drift.client.step_inputs import Chunk, StepInputs
 from drift.client.transport import SpanSocket
 from drift.wire import messages as m
-from drift.wire.errors import DriftError, PushRefused
+from drift.wire.errors import CacheFull, DriftError, MissingBlocks, PushRefused
 from drift.wire.extras import BLOCK_STATES
 from drift.wire.lora import in_span
 from drift.wire.push import NextHop
@@ -62,11 +62,22 @@ class Chain:
         self.pushed = 0  # span replies that came by server push (not sent by us)
 
     async def connect(self, start: int, end: int) -> list[SpanState]:
-        """Open sockets along a fresh route over [start, end), retrying around failures."""
+        """Open sockets along a fresh route over [start, end), retrying around failures. A
+        server with no room for the session (CacheFull: its budget, or this client's share
+        of it) is answering, not failing: it is not banned (the client's other sessions keep
+        routing to it), only left out of this session's routes; when no server with room is
+        left, that refusal is raised at once, naming the limit."""
         attempts = 0
+        full: dict[str, CacheFull] = {}  # peer id -> its refusal of this session
         while True:
-            hops = await self.client.route(start, end, inference=True, adapter=self.opener.adapter,
-                                           tokens_needed=self.opener.max_length * self.opener.batch_size)  # fmt: skip
+            try:
+                hops = await self.client.route(start, end, inference=True,
+                                               adapter=self.opener.adapter, avoid=full.keys(),
+                                               tokens_needed=self.opener.max_length * self.opener.batch_size)  # fmt: skip
+            except MissingBlocks:
+                if full:  # the servers that would cover the blocks have no room
+                    raise list(full.values())[-1] from None
+                raise
             opened: list[SpanState] = []
             try:
                 for hop in hops:
@@ -76,6 +87,9 @@ class Chain:
             except DriftError as exc:
                 for span in opened:
                     await span.socket.close()
+                if isinstance(exc, CacheFull):
+                    full[hop.peer_id] = exc
+                    continue
                 attempts = self.client.count_failure(exc, hop, attempts)
 
     async def advance(self, chunk: Chunk, states: bool, awaited: dict[int, int] | None = None,

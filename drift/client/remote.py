@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Collection, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -130,12 +130,13 @@ class RemoteClient:
 
     async def route(
         self, start: int, end: int, *, inference: bool = False, tokens_needed: int = 0,
-        adapter: str | None = None,
+        adapter: str | None = None, avoid: Collection[str] = (),
     ) -> list[Hop]:  # fmt: skip
-        """A chain over [start, end) of servers holding `adapter` (if named). MissingBlocks
-        only when no server covers a block: when just banned ones do (a peer that failed a
-        moment ago), wait for their bans to end."""
-        choose = functools.partial(self._choose, start, end, inference, tokens_needed, adapter)
+        """A chain over [start, end) of servers holding `adapter` (if named), none of the peers
+        in `avoid`. MissingBlocks only when no server covers a block: when just banned ones
+        do (a peer that failed a moment ago), wait for their bans to end."""
+        choose = functools.partial(self._choose, start, end, inference, tokens_needed, adapter,
+                                   frozenset(avoid))  # fmt: skip
         await self.swarm.refresh()
         try:
             return choose()
@@ -154,8 +155,9 @@ class RemoteClient:
         return choose()
 
     def _choose(self, start: int, end: int, inference: bool, tokens_needed: int,
-                adapter: str | None) -> list[Hop]:  # fmt: skip
-        servers = with_adapter(self.swarm.servers(self.model_fingerprint), adapter, start, end)
+                adapter: str | None, avoid: frozenset[str] = frozenset()) -> list[Hop]:  # fmt: skip
+        servers = [s for s in self.swarm.servers(self.model_fingerprint) if s.peer_id not in avoid]
+        servers = with_adapter(servers, adapter, start, end)
         if inference:
             model = LatencyModel(
                 rtt_default_s=self.config.rtt_default_s,

@@ -139,6 +139,15 @@ class InferenceSession:
         back = None if block_states is None else block_states.to(hidden.device, hidden.dtype)
         return out.to(hidden.device, hidden.dtype), back
 
+    def connect(self) -> None:
+        """Open the sessions on the servers now, not at the first step: a refusal (no room
+        for it: CacheFull; no server: MissingBlocks) rises here."""
+        self.client.run(self._connect())
+
+    async def _connect(self) -> None:
+        if not self.chain.spans:
+            self.chain.spans = await self.chain.connect(self.start_block, self.end_block)
+
     async def _step(
         self, step: StepInputs, states: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -147,8 +156,7 @@ class InferenceSession:
         while span i computes chunk j+1 (`Chain.pipeline`, relayed). A step of one chunk goes
         `Chain.whole`: relayed span by span, or pushed from server to server."""
         chain = self.chain
-        if not chain.spans:
-            chain.spans = await chain.connect(self.start_block, self.end_block)
+        await self._connect()
         parts = split_step(step, self.client.config.prefill_chunk_tokens)
         if len(parts) == 1:
             return await chain.whole(step, states)

@@ -66,3 +66,41 @@ async def test_next_turn_continues_the_held_session(
         other = [{"role": "user", "content": "Something else entirely, please"}]
         await chat(other)
         assert pool.hits == 3 and len(pool) == 2  # a new session beside the held one
+
+
+async def test_a_server_without_room_gets_the_apis_held_sessions_back(
+    model_dir, local_model, swarms, sdk_models, web_apps
+) -> None:
+    """To the servers the API is one client: its held sessions count against its share of
+    their KV budget (client_cache_share, 0.5 by default). A new conversation that would pass
+    the share makes the API close its oldest held session, and is answered; the refusal is
+    no fault of the server's, which stays routable (main: the request failed with a 503
+    after the client banned the only server of each span)."""
+    headroom, max_tokens = 512, 12  # swarm_engine's default headroom for pooled sessions
+    conversations = [
+        MESSAGES,
+        [{"role": "system", "content": "BE BRIEF."}, {"role": "user", "content": "HI THERE"}],
+        [{"role": "system", "content": "SPEAK PLAINLY."}, {"role": "user", "content": "GOOD DAY"}],
+    ]
+    ids = [_ids(local_model, c) for c in conversations]
+    assert all(common_prefix(a, b) < 16 for a in ids for b in ids if a is not b)  # none continues
+    needs = [len(i) + max_tokens + headroom for i in ids]
+    room = 5 * max(needs)  # tokens per block; the share: 2.5 sessions' worth
+    assert sum(needs[:2]) <= room // 2 < sum(needs)  # two held fit it, a third does not
+    swarm = await swarms.start(model_dir, [(0, 2), (2, 4)], attn_cache_tokens=room)
+    model = await sdk_models.open(model_dir, swarm.token)
+    pool = SessionPool(model, max_sessions=4)
+    engine = swarm_engine(model, local_model[1], model_id=MODEL_ID, pool=pool,
+                          headroom_tokens=headroom)  # fmt: skip
+    service = ServiceConfig(max_concurrent=2, max_batch=8)
+    url = await web_apps.start(build_api_app(engine, ApiConfig((API_KEY,), service=service)))
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
+    async with client:
+        for i, messages in enumerate(conversations):
+            resp = await client.chat.completions.create(
+                model=MODEL_ID, messages=messages, max_tokens=max_tokens, temperature=0
+            )
+            want = reference(local_model, _ids(local_model, messages), max_tokens)[0]
+            assert resp.choices[0].message.content == want
+            assert pool.released == (1 if i == 2 else 0)  # the third needed the first's room
+    assert len(pool) == 2 and not model.client.bans.banned()
