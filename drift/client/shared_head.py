@@ -109,8 +109,7 @@ class SharedHead:
             w, b = weight[start:stop], None if bias is None else bias[start:stop]
             for x, out in zip(xs, outs, strict=True):
                 out[:, start:stop] = torch.nn.functional.linear(x, w, b)
-        softcap = self.head.softcap
-        return outs if softcap is None else [torch.tanh(o / softcap) * softcap for o in outs]
+        return [self.head.capped(o) for o in outs]
 
     @staticmethod
     def _result(ask: _Ask, normed: torch.Tensor) -> torch.Tensor:

@@ -171,10 +171,13 @@ class ClientHead(torch.nn.Module):
 
     def project(self, normed: torch.Tensor) -> torch.Tensor:
         """[B, T, H] final normed state -> [B, T, V] logits (head + gemma2's softcapping)."""
-        logits = self.lm_head(normed)
-        if self.softcap is not None:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits
+        return self.capped(self.lm_head(normed))
+
+    def capped(self, logits: torch.Tensor) -> torch.Tensor:
+        """The family's final logit softcapping (gemma2's) of raw head products, else as is."""
+        if self.softcap is None:
+            return logits
+        return torch.tanh(logits / self.softcap) * self.softcap
 
 
 def _one(ckpt: Any, name: str, read: Any) -> torch.Tensor:

@@ -14,7 +14,8 @@ from drift.client.shared_head import SharedHead
 
 
 class Head(torch.nn.Module):
-    """A ClientHead's projection: lm_head, then the family's softcapping (None: none)."""
+    """A ClientHead's projection: lm_head, then the family's softcapping (None: none), as
+    drift.models.head.ClientHead has them."""
 
     def __init__(self, vocab: int = 5000, hidden: int = 96, softcap: float | None = None,
                  bias: bool = False) -> None:  # fmt: skip
@@ -29,7 +30,9 @@ class Head(torch.nn.Module):
         self.direct += 1
         if self.gate is not None:
             self.gate.wait(30)
-        logits = self.lm_head(normed)
+        return self.capped(self.lm_head(normed))
+
+    def capped(self, logits: torch.Tensor) -> torch.Tensor:
         return logits if self.softcap is None else torch.tanh(logits / self.softcap) * self.softcap
 
 
