@@ -12,7 +12,12 @@ WAIT_CAP x `wait_s` in all), so sessions stepping in turn along a chain of serve
 one convoy. A session is stepping while its next step is due: it stepped in the last
 RECENT_S seconds and less than twice its own last gap between steps (+ `wait_s`) ago; a
 held idle session (a finished request's, kept for the next chat turn) is not waited for.
-A wait that ends with no new step is counted (`vain_waits`). A group whose forward fails
+A drain waits only for sessions whose last step could share a forward with a queued one
+(the same `batch_key`: a prompt's step does not wait for decoding sessions, which would
+run apart anyway, and whose client may be waiting for that very prompt), and a session a
+drain waited for in vain is not waited for again until it steps (a row of `drift api`
+that ended while its session is held for the next turn costs one wait, not one per step
+of its gap). A wait that ends with no new step is counted (`vain_waits`). A group whose forward fails
 is rerun step by step, so an error reaches only its own session; any other failure of a
 drain job fails only the steps it took, is counted (`drains_failed`) and leaves the
 batcher ready for the next step. Knows nothing about HTTP.
@@ -45,6 +50,7 @@ WAIT_CAP = 5  # a drain waits at most this many times wait_s in all
 class _Queued:
     step: BatchStep
     future: Future[torch.Tensor]
+    key: object  # what it may share a forward with (batch_key; unbatchable: its own object)
 
     @property
     def tokens(self) -> int:
@@ -53,16 +59,20 @@ class _Queued:
 
 @dataclass
 class _Pace:
-    """When a session's steps came: the latest, and the gap before it (None: one so far)."""
+    """When a session's steps came: the latest, and the gap before it (None: one so far);
+    the batch key of its latest step, and whether a drain has waited for it in vain since."""
 
     session: SpanSession
     last: float
+    key: object
     gap: float | None = None
+    missed: bool = False
 
     def due(self, now: float, wait_s: float) -> bool:
         """Whether its next step is expected soon (see the module docstring)."""
         since = now - self.last
-        return since <= RECENT_S and (self.gap is None or since <= 2 * self.gap + wait_s)
+        return (not self.missed and since <= RECENT_S
+                and (self.gap is None or since <= 2 * self.gap + wait_s))  # fmt: skip
 
 
 class StepBatcher:
@@ -88,14 +98,15 @@ class StepBatcher:
     async def step(self, session: SpanSession, position: int, hidden: torch.Tensor,
                    attention_mask: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
         """A validated plain step of `session`: its output [b, T, H] on the CPU."""
-        item = _Queued(BatchStep(session, position, hidden, attention_mask), Future())
+        step = BatchStep(session, position, hidden, attention_mask)
+        item = _Queued(step, Future(), batch_key(step) if batchable(session) else object())
         with self._cond:
             self._queue.append(item)
             now, pace = time.monotonic(), self._seen.get(id(session))
             if pace is None or pace.session is not session:
-                self._seen[id(session)] = _Pace(session, now)
+                self._seen[id(session)] = _Pace(session, now, item.key)
             else:
-                pace.gap, pace.last = now - pace.last, now
+                pace.gap, pace.last, pace.key, pace.missed = now - pace.last, now, item.key, False
             submit, self._scheduled = not self._scheduled, True
             self._cond.notify()
         if submit:
@@ -132,10 +143,11 @@ class StepBatcher:
                 raise
 
     def _gather(self) -> None:
-        """(Lock held) Wait while steps keep coming until every stepping session has one
-        queued: at most `wait_s` after the latest arrival and WAIT_CAP x `wait_s` in all.
-        Sessions that step in turn (a chain of servers) then run together, also when their
-        steps trickle in."""
+        """(Lock held) Wait while steps keep coming until every stepping session whose step
+        could join a queued one has one queued: at most `wait_s` after the latest arrival
+        and WAIT_CAP x `wait_s` in all. Sessions that step in turn (a chain of servers) then
+        run together, also when their steps trickle in. Those still missing at the deadline
+        are not waited for again until they step."""
         start = time.monotonic()
         waited, arrived = False, len(self._queue)
         while True:
@@ -144,10 +156,14 @@ class StepBatcher:
                 if pace.session.closed or now - pace.last > RECENT_S:
                     del self._seen[key]
             queued = {id(item.step.session) for item in self._queue}
-            stepping = {k for k, pace in self._seen.items() if pace.due(now, self.wait_s)}
+            keys = {item.key for item in self._queue}
+            stepping = {k for k, pace in self._seen.items()
+                        if pace.key in keys and pace.due(now, self.wait_s)}  # fmt: skip
             latest = max((self._seen[k].last for k in queued if k in self._seen), default=start)
             deadline = min(max(start, latest) + self.wait_s, start + WAIT_CAP * self.wait_s)
             if queued >= stepping or now >= deadline:
+                for k in stepping - queued:
+                    self._seen[k].missed = True
                 if waited:
                     self.waits += 1
                     self.vain_waits += int(len(self._queue) == arrived)
@@ -161,8 +177,7 @@ class StepBatcher:
         cap = self.backend.chunk_tokens
         groups: list[tuple[object, list[_Queued]]] = []
         for item in items:
-            session = item.step.session
-            key: object = batch_key(item.step) if batchable(session) else object()
+            session, key = item.step.session, item.key
             for k, group in groups:
                 if (k == key and all(g.step.session is not session for g in group)
                         and sum(g.tokens for g in group) + item.tokens <= cap):  # fmt: skip

@@ -5,7 +5,8 @@ session then dropped from the batcher's recent table) runs, and so do the steps 
 (main raised ValueError in `_gather` there and never ran a step again); a drain job that
 fails for any other reason fails only its own steps, is counted on /metrics, and the next
 step runs; a held idle session (stepped, then kept open) costs another session's steps no
-wait: counted, not timed.
+wait, and one that stopped stepping while still due costs one wait at most; a prompt's step
+never waits for decoding sessions: counted, not timed.
 """
 
 from __future__ import annotations
@@ -115,5 +116,55 @@ async def test_a_held_idle_session_costs_another_session_no_wait(servers, tmp_pa
         assert (batcher.waits, batcher.vain_waits) == before == (0, 0)
         metrics = await _metrics(http, running.url)
         assert metrics["drift_batch_vain_waits_total"] == metrics["drift_batch_waits_total"] == 0
+        await other.close()
+        await held.close()
+
+
+async def _decode(remote: RawSession, alone, seed: int, steps: int, gap_s: float = 0.0) -> None:
+    """A session's prompt (3 tokens) and decode steps, each checked against `alone`."""
+    for t in range(steps):
+        x = _hidden(seed + t, 3 if t == 0 else 1)
+        got = await remote.step(x, 0 if t == 0 else 2 + t)
+        torch.testing.assert_close(got, alone.step(x), atol=1e-5, rtol=0)
+        await asyncio.sleep(gap_s)
+
+
+async def test_a_prompt_step_does_not_wait_for_decoding_sessions(servers, tmp_path, monkeypatch):
+    """A decoding session (one token per step) is due right after its step; a prompt step of
+    another session could not share its forward, and is not held back for it (main waited
+    batch_wait_ms for it: `drift api`'s new request waited for the rows it was holding up)."""
+    monkeypatch.setattr(batcher_module, "RECENT_S", 60.0)
+    model_dir = save_tiny("llama", tmp_path / "llama")
+    running = await servers(model_dir, 0, 2, batch_wait_ms=200)
+    batcher, fp = running.server.sessions.batcher, running.server.backend.fingerprint
+    span = ModelSpan.load(Checkpoint(model_dir), 0, 2)
+    async with aiohttp.ClientSession() as http:
+        decoding = await RawSession.open(http, running.url, fp, 0, 2, max_length=32)
+        await _decode(decoding, span.new_session(batch_size=1, max_length=32), 0, 4)
+        assert (batcher.waits, batcher.vain_waits) == (0, 0)
+        prompt = await RawSession.open(http, running.url, fp, 0, 2, max_length=32)
+        await _decode(prompt, span.new_session(batch_size=1, max_length=32), 100, 1)
+        assert (batcher.waits, batcher.vain_waits) == (0, 0)  # main: (1, 1), 200 ms
+        await prompt.close()
+        await decoding.close()
+
+
+async def test_a_session_waited_for_in_vain_is_not_waited_for_again(servers, tmp_path,
+                                                                    monkeypatch):  # fmt: skip
+    """A session that stepped every 0.4 s and stopped (a `drift api` row ended, its session
+    held for the next turn) stays due for 2 x 0.4 s + batch_wait_ms: another session's steps
+    wait for it once, in vain, then no more until it steps again (main: on each step of the
+    other session for those 0.85 s)."""
+    monkeypatch.setattr(batcher_module, "RECENT_S", 60.0)
+    model_dir = save_tiny("llama", tmp_path / "llama")
+    running = await servers(model_dir, 0, 2, batch_wait_ms=50)
+    batcher, fp = running.server.sessions.batcher, running.server.backend.fingerprint
+    span = ModelSpan.load(Checkpoint(model_dir), 0, 2)
+    async with aiohttp.ClientSession() as http:
+        held = await RawSession.open(http, running.url, fp, 0, 2, max_length=32)
+        await _decode(held, span.new_session(batch_size=1, max_length=32), 0, 4, gap_s=0.4)
+        other = await RawSession.open(http, running.url, fp, 0, 2, max_length=32)
+        await _decode(other, span.new_session(batch_size=1, max_length=32), 100, 10)
+        assert (batcher.waits, batcher.vain_waits) == (1, 1)
         await other.close()
         await held.close()
