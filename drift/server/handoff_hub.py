@@ -46,9 +46,10 @@ class HandoffHub:
         return [sid for sid, at in self.parked_at.items() if now - at > after_s]
 
     async def answer_moved(self, ws: web.WebSocketResponse, session_id: str | None,
-                           step_id: object) -> bool:  # fmt: skip
-        """Hook before a step: wait out a transfer of its session; True (and the client told
-        where its session lives) when it moved."""
+                           step_id: int | None) -> bool:  # fmt: skip
+        """Hook before a step (`step_id`: the frame's, None when it names no well-formed
+        one): wait out a transfer of its session; True (and the client told where its
+        session lives) when it moved."""
         if session_id is None:
             return False
         event = self.pending.get(session_id)
@@ -57,8 +58,7 @@ class HandoffHub:
         moved = self.moved.get(session_id)
         if moved is None:
             return False
-        step = step_id if isinstance(step_id, int) and not isinstance(step_id, bool) else None
-        await _send(ws, replace(moved, step_id=step).to_wire())
+        await _send(ws, replace(moved, step_id=step_id).to_wire())
         return True
 
 

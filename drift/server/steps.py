@@ -49,7 +49,7 @@ async def serve_step(
     """Run one step and reply on `ws` (the session's client socket); `pushed`: it came from
     another server (dropped when the session already ran a newer step)."""
     started = time.perf_counter()
-    if await server.handoff.answer_moved(ws, session_id, frame.params.get("step_id")):
+    if await server.handoff.answer_moved(ws, session_id, frame.step_id):
         return  # handoff hook: the session lives elsewhere now
     try:
         # validated once, here, against the session's limits; the session and span trust it
