@@ -4,8 +4,10 @@
 step (its prompt goes through the swarm while the others decode their next token); one
 that ends (EOS, its token budget, cancelled) leaves that step and its sessions are closed
 at once. Requests that join at the same step (of one LoRA adapter) share one batched set
-of sessions (a group, left-padded); a lone joiner gets one-row sessions (which may continue
-a held session sharing its prefix, drift.api.prefix). The groups' steps are sent in
+of sessions (a group, left-padded; an idle loop lets a burst gather for a moment first,
+GATHER_S after each arrival, so requests sent together share one group); a lone joiner
+gets one-row sessions (which may continue a held session sharing its prefix,
+drift.api.prefix). The groups' steps are sent in
 parallel, the servers' batcher (drift.server.batcher) runs them as one forward, and the
 head runs once for all rows. A group's sessions close when its last row ends (its ended
 rows are stepped on, unseen, until then). Sampling, penalties, grammars, log-probs and
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +30,9 @@ from transformers import LogitsProcessorList
 
 from drift.api.engine import BatchRow, CausalLMEngine, OpenedSessions
 from drift.api.sampling import LogprobRecorder
+
+GATHER_S = 0.005  # an idle loop waits this long after each request for another to come
+GATHER_CAP_S = 0.02  # and at most this long in all
 
 
 @dataclass(eq=False)
@@ -116,6 +122,8 @@ class ContinuousBatcher:
                     self._cv.wait()
                 if self._closed:
                     break
+                if not self._groups:  # idle: a burst arriving together joins as one group
+                    self._gather()
                 room = self.max_batch - self.running
                 joining = [self._queue.popleft() for _ in range(min(room, len(self._queue)))]
             self._join(joining)
@@ -126,6 +134,18 @@ class ContinuousBatcher:
         for req in self._queue:
             req.on_done(gone)
         self._queue.clear()
+
+    def _gather(self) -> None:
+        """(Lock held) While requests keep coming (each within GATHER_S of the one before,
+        GATHER_CAP_S in all), let them queue: requests sent together (a client's parallel
+        calls, a burst) then share one set of sessions instead of the first going alone."""
+        deadline = time.monotonic() + GATHER_CAP_S
+        seen = len(self._queue)
+        while not self._closed and seen < self.max_batch:
+            self._cv.wait(min(GATHER_S, max(0.0, deadline - time.monotonic())))
+            if len(self._queue) == seen or time.monotonic() >= deadline:
+                return
+            seen = len(self._queue)
 
     def _join(self, reqs: list[BatchRow]) -> None:
         """New rows, one group per LoRA adapter (their sessions open at their first step)."""

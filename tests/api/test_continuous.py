@@ -181,3 +181,44 @@ async def test_a_burst_shares_one_session_set_and_a_row_leaves_it_early(
         assert engine.decode(tokens[i]) == want
     assert len(tokens[3]) <= 4  # the cancelled row left at its next step
     assert loop.running == 0 and await _sessions(swarm) == [0, 0]
+
+
+async def test_requests_arriving_a_moment_apart_at_an_idle_loop_share_one_group(
+    model_dir, local_model, swarms, sdk_models, monkeypatch
+) -> None:
+    """A burst reaches the loop one request at a time (each parsed and tokenized on its own);
+    an idle loop lets it gather, so the burst shares one session set (main: the first
+    request went alone and the rest formed a second group, each step two sets of sessions
+    on every server). The window is widened here so a slow machine cannot split it."""
+    import drift.api.continuous as continuous
+
+    monkeypatch.setattr(continuous, "GATHER_S", 0.1, raising=False)
+    monkeypatch.setattr(continuous, "GATHER_CAP_S", 2.0, raising=False)
+    swarm = await swarms.start(model_dir, [(0, 2), (2, 4)])
+    model = await sdk_models.open(model_dir, swarm.token)
+    engine = swarm_engine(model, local_model[1], model_id=MODEL_ID)
+    prompts = [engine.encode(p) for p in PROMPTS[:3]]
+    tokens: list[list[int]] = [[] for _ in prompts]
+    ended = [threading.Event() for _ in prompts]
+
+    def row(i: int) -> BatchRow:
+        def on_done(exc=None) -> None:
+            assert exc is None
+            ended[i].set()
+
+        return BatchRow(prompts[i], _params(6), torch.Generator(),
+                        lambda event: tokens[i].append(event.token_id), threading.Event(),
+                        on_done)  # fmt: skip
+
+    loop = ContinuousBatcher(engine, max_batch=4)
+    try:
+        for i in range(len(prompts)):
+            loop.submit(row(i))
+            await asyncio.sleep(0.01)
+        for e in ended:
+            assert await asyncio.to_thread(e.wait, 60)
+    finally:
+        loop.close()
+    assert loop.stats.groups == 1 and loop.stats.most_rows == 3
+    for i, prompt in enumerate(prompts):
+        assert engine.decode(tokens[i]) == reference(local_model, prompt, 6)[0]
