@@ -50,6 +50,9 @@ class Swarm:
         )  # fmt: skip
         self.servers.append(running)
         await wait_for_members(self.seed, {s.node.peer_id for s in self.servers})
+        for other in self.servers:  # a client reads its table from any member, not the seed
+            if other is not running and other.node.peer_id not in self.stopped:
+                await wait_for_members(other, {running.node.peer_id})
         return running
 
     async def stop(self, running: RunningServer) -> None:
@@ -59,7 +62,7 @@ class Swarm:
 
 
 async def wait_for_members(seed: RunningServer, peer_ids: set[str], timeout_s: float = 10.0):
-    """Until the seed's own table lists every server in `peer_ids` as online with a span."""
+    """Until `seed`'s own table lists every server in `peer_ids` as online with a span."""
     deadline = time.monotonic() + timeout_s
     while True:
         online = {
