@@ -60,3 +60,26 @@ def rollback(cache: DynamicCache, keep: int) -> None:
         layer.values = values[..., :end, :]
         if hasattr(layer, "cumulative_length"):
             layer.cumulative_length = keep
+
+
+def fork_prefix(src: DynamicCache, dst: DynamicCache, layer_ids: tuple[int, ...], tokens: int,
+                rows: int) -> None:  # fmt: skip
+    """Fill `dst`'s layers `layer_ids` (empty) with the first `tokens` keys and values of
+    `src`'s one row, repeated in each of `rows` rows (copies: the two caches stay apart)."""
+    for index in layer_ids:
+        source, target = src.layers[index], dst.layers[index]
+        if isinstance(source, DummyLayer) or not isinstance(source, CacheLayerMixin):
+            raise TypeError(f"{type(source).__name__} holds no key/value cache to fork")
+        if isinstance(target, DummyLayer) or not isinstance(target, CacheLayerMixin):
+            raise TypeError(f"{type(target).__name__} holds no key/value cache to fork")
+        keys, values = source.keys, source.values
+        if not source.is_initialized or keys is None or values is None:
+            raise ValueError(f"layer {index} holds no tokens to fork")
+        if keys.shape[0] != 1 or keys.shape[-2] != int(source.get_seq_length()):
+            raise ValueError(f"layer {index} does not hold one row's whole past")
+
+        def rows_of(t: torch.Tensor) -> torch.Tensor:
+            part = t[..., :tokens, :]
+            return part.expand(rows, *part.shape[1:]).contiguous()
+
+        target.update(rows_of(keys), rows_of(values))

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
-from drift.models.cache import cache_length, new_cache, reorder, rollback
+from drift.models.cache import cache_length, fork_prefix, new_cache, reorder, rollback
 from drift.wire.checks import StepLimits, check_pass, check_step_limits
 from drift.wire.errors import BadRequest, LengthExceeded
 from drift.wire.extras import ExtraSpec
@@ -172,6 +172,33 @@ class SpanSession:
         if max_length > self.max_length:
             self.max_length = int(max_length)
             self.limits = dataclasses.replace(self.limits, max_length=self.max_length)
+
+    def fork(self, source: SpanSession, tokens: int) -> None:
+        """Start every row of this fresh session with the first `tokens` tokens of `source`
+        (one row, same span and blocks): a prompt prefix computed once, its keys and values
+        copied. Raises BadRequest where that cannot be (and this session stays empty)."""
+        if self.position or self.closed or source.closed:
+            raise BadRequest("a fork starts a fresh session from an open one")
+        if source.span is not self.span or source.layer_ids != self.layer_ids:
+            raise BadRequest("a fork copies a session over the same blocks")
+        if source.batch_size != 1:
+            raise BadRequest(f"a fork copies a one-row session, not {source.batch_size} rows")
+        if not 1 <= tokens <= source.position:
+            raise BadRequest(f"fork_tokens {tokens}: the session holds {source.position} tokens")
+        if tokens > self.max_length:
+            raise LengthExceeded(f"fork_tokens {tokens} exceed max_length {self.max_length}")
+        if not bool(source.mask[:, :tokens].all()):
+            raise BadRequest("a fork copies tokens, not padding")
+        spec = self.span.extra_spec(self.start_block, self.end_block)
+        if self.span.adapter.sharing.consumers or spec.inputs or spec.donors:
+            raise BadRequest("sessions of a model sharing keys/values across blocks "
+                             "(Gemma 4) are not forked")  # fmt: skip
+        try:
+            fork_prefix(source.cache, self.cache, self.layer_ids, tokens, self.batch_size)
+        except (TypeError, ValueError) as exc:
+            self.cache = new_cache(self.span.config)
+            raise BadRequest(f"this session cannot be forked: {exc}") from exc
+        self.commit(torch.ones(self.batch_size, tokens, dtype=torch.bool, device=self.span.device))
 
     def close(self) -> None:
         self.closed = True

@@ -27,7 +27,7 @@ from drift.server.backend import SpanBackend
 from drift.server.batcher import StepBatcher
 from drift.server.budget import CacheBudget
 from drift.wire.checks import ACTIVATION_DTYPES, StepLimits
-from drift.wire.errors import Busy, LengthExceeded, UnknownAdapter, UnknownSession
+from drift.wire.errors import BadRequest, Busy, LengthExceeded, UnknownAdapter, UnknownSession
 from drift.wire.extend import SessionExtended
 from drift.wire.lora import split_lora
 from drift.wire.messages import OpenSession, SessionOpened, StepRequest, StepResponse
@@ -102,12 +102,13 @@ class SessionManager:
             raise LengthExceeded(
                 f"max_length {req.max_length} exceeds this server's limit of {self.max_length}"
             )
+        source = None if req.fork_of is None else self._fork_source(req, client)
         n_blocks = req.end_block - req.start_block
         need = req.max_length * req.batch_size * n_blocks
         self._check_share(client, need, None)
         reserved = self.budget.reserve(need)
         try:
-            cache = await self.backend.run(self._new_cache, req)
+            cache = await self.backend.run(self._new_cache, req, source)
         except BaseException:
             self.budget.release(reserved)
             raise
@@ -118,7 +119,23 @@ class SessionManager:
                           client=client)  # fmt: skip
         self.sessions[session.session_id] = session
         log.debug("opened session %s: %s", session.session_id, req)
-        return session, SessionOpened(session.session_id, req.max_length, session.push_token)
+        return session, SessionOpened(session.session_id, req.max_length, session.push_token,
+                                      req.fork_tokens if source is not None else 0)  # fmt: skip
+
+    def _fork_source(self, req: OpenSession, client: str) -> Session:
+        """The session `req` forks: this client's, over the same blocks, adapter and dtype,
+        with no LoRA weights of its own (BadRequest, UnknownSession otherwise)."""
+        assert req.fork_of is not None
+        source = self.get(req.fork_of)
+        have = source.request
+        if source.client != client:
+            raise BadRequest("a session forks only a session of the same client")
+        if (have.start_block, have.end_block) != (req.start_block, req.end_block):
+            raise BadRequest(f"fork_of covers blocks [{have.start_block}, {have.end_block}), "
+                             f"not [{req.start_block}, {req.end_block})")  # fmt: skip
+        if have.adapter != req.adapter or have.dtype != req.dtype or source.lora:
+            raise BadRequest("a fork keeps its session's adapter, dtype and LoRA weights")
+        return source
 
     def extend(self, session_id: str, max_length: int) -> SessionExtended:
         """Room for `max_length` tokens in an open session, in place: the extra cache room is
@@ -150,11 +167,14 @@ class SessionManager:
         self.budget.check_share(client, sum(s.reserved for s in mine), more,
                                 share=self.client_share, others=others)  # fmt: skip
 
-    def _new_cache(self, req: OpenSession) -> Any:
-        return self.backend.span.new_session(
+    def _new_cache(self, req: OpenSession, source: Session | None = None) -> Any:
+        cache = self.backend.span.new_session(
             batch_size=req.batch_size, max_length=req.max_length,
             start_block=req.start_block, end_block=req.end_block,
         )  # fmt: skip
+        if source is not None:  # on the compute thread: between the source's steps
+            cache.fork(source.cache, req.fork_tokens)
+        return cache
 
     def get(self, session_id: str) -> Session:
         session = self.sessions.get(session_id)

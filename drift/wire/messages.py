@@ -236,6 +236,11 @@ class OpenSession:
     batch_size: int
     dtype: str  # activation dtype: float32 | float16 | bfloat16
     adapter: str | None = None  # a LoRA adapter the server holds, by name (wire.lora)
+    # start every row with the first `fork_tokens` tokens of this client's one-row session
+    # `fork_of` on this server (a shared prompt prefix, computed once); SessionOpened.holds
+    # says whether it did (a server that predates forks opens the session empty)
+    fork_of: str | None = None
+    fork_tokens: int = 0
 
     @classmethod
     def from_wire(cls, obj: Any) -> OpenSession:
@@ -252,13 +257,17 @@ class OpenSession:
             batch_size=c.get_int(obj, "batch_size", low=1),
             dtype=dtype,
             adapter=c.get_adapter(obj),
+            fork_of=c.get_str(obj, "fork_of") if "fork_of" in obj else None,
+            fork_tokens=c.get_int(obj, "fork_tokens", low=1) if "fork_of" in obj else 0,
         )
 
     def to_wire(self) -> dict[str, Any]:
+        fork = {} if self.fork_of is None else {"fork_of": self.fork_of,
+                                                "fork_tokens": self.fork_tokens}  # fmt: skip
         return f.head("open", model=self.model, start_block=self.start_block,
                      end_block=self.end_block, max_length=self.max_length,
                      batch_size=self.batch_size, dtype=self.dtype,
-                     **adapter_param(self.adapter))  # fmt: skip
+                     **adapter_param(self.adapter), **fork)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -268,17 +277,22 @@ class SessionOpened:
     # the secret a step pushed into this session must carry (drift.wire.push); None from a
     # server that predates it (nobody pushes to such a session)
     push_token: str | None = field(default=None, repr=False)
+    holds: int = 0  # tokens the session starts with (OpenSession.fork_tokens, when forked)
 
     @classmethod
     def from_wire(cls, obj: Any) -> SessionOpened:
         obj = _typed_object(obj, "session_opened")
         token = c.get_str(obj, "push_token") if "push_token" in obj else None
-        return cls(c.get_str(obj, "session_id"), c.get_int(obj, "max_length", low=1), token)
+        holds = c.get_int(obj, "holds") if "holds" in obj else 0
+        return cls(c.get_str(obj, "session_id"), c.get_int(obj, "max_length", low=1), token,
+                   holds)  # fmt: skip
 
     def to_wire(self) -> dict[str, Any]:
         out = f.head("session_opened", session_id=self.session_id, max_length=self.max_length)
         if self.push_token is not None:
             out["push_token"] = self.push_token
+        if self.holds:
+            out["holds"] = self.holds
         return out
 
 
