@@ -12,15 +12,18 @@ them back there, in the caller's dtype. Sync methods wrap the async core."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+
 import torch
 
 from drift.client.chain import Chain, SpanState
 from drift.client.extras import Tensors
 from drift.client.remote import RemoteClient
 from drift.client.routing import Hop
-from drift.client.step_inputs import Chunk, StepInputs, split_step, to_cpu
+from drift.client.step_inputs import Chunk, StepInputs, fork_history, split_step, to_cpu
 from drift.wire import messages as m
-from drift.wire.errors import DriftError, LengthExceeded
+from drift.wire.errors import BadRequest, DriftError, LengthExceeded
 
 
 class InferenceSession:
@@ -215,6 +218,51 @@ class InferenceSession:
             await old.socket.close()
             self.spans[i : i + 1] = group
             await self.chain.replay(group, old.history, old.hop.end_block)
+
+    def fork(self, batch_size: int, max_length: int,
+             tokens: int | None = None) -> InferenceSession:  # fmt: skip
+        """A new session of `batch_size` rows, each starting with the first `tokens` tokens
+        (default: all) this one-row session holds (a shared prompt prefix, computed once),
+        its position there: opened on the same servers,
+        which copy their caches (OpenSession.fork_of), its spans' histories this one's, rows
+        repeated (a failover replays them). Raises DriftError where a server refuses (an
+        older one, no room: nothing stays open); this session is not changed."""
+        if self.closed or not self.spans or self.batch_size != 1 or self.lora:
+            raise BadRequest("only an open one-row session without LoRA weights is forked")
+        tokens = self._position if tokens is None else tokens
+        if not 1 <= tokens <= self._position:
+            raise LengthExceeded(f"a fork of {tokens} tokens: the session holds "
+                                 f"{self._position}")  # fmt: skip
+        if max_length < tokens:
+            raise LengthExceeded(f"max_length {max_length} is under the {tokens} tokens a "
+                                 "fork starts with")  # fmt: skip
+        new = InferenceSession(self.client, self.start_block, self.end_block,
+                               max_length=max_length, batch_size=batch_size, dtype=self.dtype,
+                               adapter=self.adapter)  # fmt: skip
+        new.chain.spans = self.client.run(self._forked(new, tokens))
+        new._position = tokens
+        return new
+
+    async def _forked(self, new: InferenceSession, tokens: int) -> list[SpanState]:
+        """Every span's fork opened at once; all closed again if one is refused."""
+
+        async def one(span: SpanState) -> SpanState:
+            msg = dataclasses.replace(new.open_msg(span.hop), fork_of=span.socket.session_id,
+                                      fork_tokens=tokens)  # fmt: skip
+            sock = await self.client.open_socket(span.hop, msg)
+            return SpanState(span.hop, sock, fork_history(span.history, tokens, new.batch_size))
+
+        opened = await asyncio.gather(*(one(span) for span in self.spans),
+                                      return_exceptions=True)  # fmt: skip
+        spans = [s for s in opened if isinstance(s, SpanState)]
+        failed = next((e for e in opened if isinstance(e, BaseException)), None)
+        if failed is None and any(s.socket.holds != tokens for s in spans):
+            failed = BadRequest("a server did not fork the session (an older one)")
+        if failed is not None:
+            for span in spans:
+                await span.socket.close()
+            raise failed
+        return spans
 
     def close(self, *, wait: bool = True) -> None:
         """Close every span's socket (the servers free the caches); `wait=False` does not

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from drift.client.extras import Tensors
-from drift.wire.errors import DriftError
+from drift.wire.errors import BadRequest, DriftError
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,28 @@ def split_step(step: StepInputs, chunk_tokens: int) -> list[StepInputs]:
             step.hidden[:, a:b], step.position + a, step.hypo_ids if a == 0 else None,
             None if step.attention_mask is None else step.attention_mask[:, a:b], step.prompts,
             None if step.per_layer is None else step.per_layer[:, a:b], dict(step.shared),
+        ))  # fmt: skip
+    return out
+
+
+def fork_history(history: list[StepInputs], tokens: int, rows: int) -> list[StepInputs]:
+    """A one-row span's history as a fork's (InferenceSession.fork): what it was sent up to
+    position `tokens`, each entry's row repeated `rows` times (views: nothing is copied);
+    replayed in order it leaves a server with those tokens. BadRequest where an entry cannot
+    be (a beam reorder, deep prompts, per-layer inputs, shared keys/values)."""
+    out = []
+    for past in history:
+        if past.position >= tokens:
+            continue
+        if past.hypo_ids is not None or past.prompts is not None or past.per_layer is not None \
+                or past.shared or past.hidden.shape[0] != 1:  # fmt: skip
+            raise BadRequest("a session with beam reorders, deep prompts, per-layer inputs or "
+                             "shared keys/values is not forked")  # fmt: skip
+        keep = tokens - past.position
+        mask = past.attention_mask
+        out.append(StepInputs(
+            past.hidden[:, :keep].expand(rows, -1, -1), past.position, None,
+            None if mask is None else mask[:, :keep].expand(rows, -1), None,
         ))  # fmt: skip
     return out
 

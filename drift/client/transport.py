@@ -138,6 +138,7 @@ class SpanSocket:
         self._step_id = 0
         self.session_id = ""  # the server's id of this socket's session (once opened)
         self.push_token: str | None = None  # what steps pushed into it carry (drift.wire.push)
+        self.holds = 0  # tokens its session started with (a fork: OpenSession.fork_tokens)
         self.dtype = torch.float32  # what the session computes in (replies are restored to it)
 
     @classmethod
@@ -170,6 +171,7 @@ class SpanSocket:
             sock._raise_if_error(kind, obj)
             opened = m.SessionOpened.from_wire(obj)
             sock.session_id, sock.push_token = opened.session_id, opened.push_token
+            sock.holds = opened.holds
         except BaseException:
             await sock.close()
             raise
