@@ -7,7 +7,8 @@ at once. Requests that join at the same step (of one LoRA adapter) share one bat
 of sessions (a group, left-padded; an idle loop lets a burst gather for a moment first,
 GATHER_S after each arrival, so requests sent together share one group); a lone joiner
 gets one-row sessions (which may continue a held session sharing its prefix,
-drift.api.prefix). The groups' steps are sent in
+drift.api.prefix); a group whose prompts all start with a held session's tokens is forked
+from it (only the rest of each prompt goes through the swarm). The groups' steps are sent in
 parallel, the servers' batcher (drift.server.batcher) runs them as one forward, and the
 head runs once for all rows. A group's sessions close when its last row ends (its ended
 rows are stepped on, unseen, until then). Sampling, penalties, grammars, log-probs and
@@ -212,15 +213,17 @@ class ContinuousBatcher:
         group.opened = group.stack.enter_context(
             self.engine.open_group(prompts, [r.req.params for r in group.rows]))  # fmt: skip
         self.stats.groups += 1
-        if len(prompts) == 1:  # one row: maybe a held session's prefix is there already
-            held = self.engine.held_tokens(group.opened)
-            return torch.tensor([list(prompts[0])[held:]], dtype=torch.long), None
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.engine.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
-            mask[i, width - len(p) :] = 1
+        held = self.engine.held_tokens(group.opened)  # a shared prefix already there
+        rest = [list(p)[held:] for p in prompts]
+        width = max(len(p) for p in rest)
+        if all(len(p) == width for p in rest):
+            return torch.tensor(rest, dtype=torch.long), None
+        ids = torch.full((len(rest), width), self.engine.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rest), held + width), dtype=torch.long)
+        mask[:, :held] = 1  # the prefix, then each prompt's rest left-padded
+        for i, p in enumerate(rest):
+            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[i, held + width - len(p) :] = 1
         return ids, mask
 
     def _route(self, group: _Group) -> None:

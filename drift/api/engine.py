@@ -87,10 +87,10 @@ class OpenedSessions:
     route: Callable[[], tuple[ServedSpan, ...]]  # the servers in use (after the first step)
 
 
-# (max_length, batch_size, LoRA adapter or None, prompt ids of a one-row generation or None)
-# -> a context manager holding one generation's sessions (maybe continuing a held one:
-# drift.api.prefix)
-SessionFactory = Callable[[int, int, str | None, Sequence[int] | None],
+# (max_length, batch_size, LoRA adapter or None, each row's prompt ids or None) -> a context
+# manager holding one generation's sessions (a lone row's maybe continuing a held one, a
+# group's maybe forked from one: drift.api.prefix); prompts None: nothing is reused
+SessionFactory = Callable[[int, int, str | None, Sequence[Sequence[int]] | None],
                           AbstractContextManager[OpenedSessions]]  # fmt: skip
 Pooling = str  # "mean": mean of the final normed hidden states over the tokens, then L2 norm
 
@@ -204,7 +204,7 @@ class CausalLMEngine:
         with (
             torch.inference_mode(),
             self._open(
-                len(prompt_ids) + params.max_new_tokens, 1, params.adapter, prompt_ids
+                len(prompt_ids) + params.max_new_tokens, 1, params.adapter, [prompt_ids]
             ) as opened,
         ):
             routed = _Once(opened.route, [on_route] if on_route else [])
@@ -216,12 +216,12 @@ class CausalLMEngine:
             self._generate(input_ids, torch.ones_like(input_ids), params.max_new_tokens,
                            processors, TokenTap(tap, cancel), opened.generate_kwargs)  # fmt: skip
 
-    def _open(self, max_length: int, batch_size: int,
-              adapter: str | None,
-              prompt: Sequence[int] | None) -> AbstractContextManager[OpenedSessions]:  # fmt: skip
+    def _open(self, max_length: int, batch_size: int, adapter: str | None,
+              prompts: Sequence[Sequence[int]] | None,
+              ) -> AbstractContextManager[OpenedSessions]:  # fmt: skip
         if self.sessions is None:
             return contextlib.nullcontext(OpenedSessions({}, lambda: ()))
-        return self.sessions(max_length, batch_size, adapter, prompt)
+        return self.sessions(max_length, batch_size, adapter, prompts)
 
     def generate_batch(self, rows: Sequence[BatchRow]) -> None:
         """Generate several requests (of one LoRA adapter, or none) as one left-padded batch;
@@ -243,7 +243,7 @@ class CausalLMEngine:
                         self.eos_token_ids)  # fmt: skip
         max_new = max(r.params.max_new_tokens for r in rows)
         adapter = rows[0].params.adapter
-        lone = list(rows[0].prompt_ids) if len(rows) == 1 else None  # may continue a session
+        lone = [rows[0].prompt_ids] if len(rows) == 1 else None  # may continue a session
         with (
             torch.inference_mode(),
             self._open(width + max_new, len(rows), adapter, lone) as opened,
@@ -257,14 +257,15 @@ class CausalLMEngine:
     def open_group(self, prompts: Sequence[Sequence[int]], params: Sequence[GenerationParams],
                    ) -> AbstractContextManager[OpenedSessions]:  # fmt: skip
         """Sessions for requests (of one adapter) run as one left-padded batch; a lone one's
-        may continue a held session sharing its prefix."""
+        may continue a held session sharing its prefix, a group's start from one sharing
+        the prefix of all its prompts (`held_tokens` says how many tokens they hold)."""
         width = max(len(p) for p in prompts)
-        lone = list(prompts[0]) if len(prompts) == 1 else None
         return self._open(width + max(p.max_new_tokens for p in params), len(prompts),
-                          params[0].adapter, lone)  # fmt: skip
+                          params[0].adapter, prompts)  # fmt: skip
 
     def held_tokens(self, opened: OpenedSessions) -> int:
-        """Tokens the row's sessions already hold (a continued session's shared prefix)."""
+        """Tokens the rows' sessions already hold (the prompts' shared prefix: a continued
+        or forked session's), the same in every row."""
         session = opened.generate_kwargs.get("session")
         return 0 if session is None else int(session.position)
 

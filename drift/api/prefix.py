@@ -1,12 +1,17 @@
 """Prefix reuse: remote sessions kept after a generation, continued by the next request
-that starts with their tokens (the next turn of a conversation).
+that starts with their tokens (the next turn of a conversation), and copied by requests
+that share only a part of them (a system prompt).
 
 `SessionPool` holds at most `max_sessions` idle sessions (least recently used dropped and
 closed first, and any idle longer than `ttl_s`), each with the token ids its servers'
-caches hold. `take(prompt, max_length)` gives the session sharing the longest prefix with
-`prompt` (at least `min_tokens`), rolled back to that prefix so the rest of the prompt is
-its next step, or None; `put` keeps a session whose generation ended cleanly;
-`release_oldest` gives a held session's room back when a server has none for a new one.
+caches hold. `take(prompt, max_length)` gives the held session that `prompt` continues
+(it starts with all its tokens, or all but the last), rolled back to the shared prefix so
+the rest of the prompt is its next step, or None. `lend(prompts)` hands out, for a moment,
+the held session sharing the longest prefix with every one of `prompts` (at least
+`min_tokens`), to be `put` back unchanged: the requests' sessions are forked from it
+(drift.client's InferenceSession.fork), and it stays for its own conversation's next
+turn. `put` keeps a session whose generation ended cleanly; `release_oldest` gives a held
+session's room back when a server has none for a new one.
 Thread-safe (generations run on executor threads). Knows nothing of HTTP.
 """
 
@@ -49,15 +54,15 @@ class SessionPool:
         self._held: OrderedDict[int, _Held] = OrderedDict()  # id(session) -> held, LRU first
 
     def take(self, prompt: Sequence[int], max_length: int) -> Any | None:
-        """The held session sharing the longest prefix with `prompt` (rolled back to it,
-        room for `max_length` tokens made), removed from the pool; None if none shares
-        `min_tokens`."""
+        """The held session `prompt` continues, sharing the longest prefix with it (at least
+        `min_tokens`; rolled back to it, room for `max_length` tokens made), removed from the
+        pool; None if it continues none."""
         with self._lock:
             stale = self._expire()
             best, best_n = None, 0
             for key, held in self._held.items():
                 n = min(common_prefix(held.ids, prompt), len(prompt) - 1)
-                if n >= max(best_n, self.min_tokens):
+                if n >= max(best_n, self.min_tokens, len(held.ids) - 1):
                     best, best_n = key, n
             taken = None if best is None else self._held.pop(best)
         for held in stale:
@@ -74,6 +79,24 @@ class SessionPool:
             self.hits += 1
             self.reused_tokens += best_n
         return session
+
+    def lend(self, prompts: Sequence[Sequence[int]]) -> tuple[Any, int] | None:
+        """The held session sharing the longest prefix with every one of `prompts` (at least
+        `min_tokens`, leaving each prompt a token) and that prefix's length, out of the pool
+        until `put` back (nobody steps it meanwhile); None if none shares enough."""
+        limit = min(len(p) for p in prompts) - 1
+        with self._lock:
+            best, best_n = None, 0
+            for key, held in self._held.items():
+                n = min([limit] + [common_prefix(held.ids, p) for p in prompts])
+                if n >= max(best_n, self.min_tokens, 1):
+                    best, best_n = key, n
+            if best is None:
+                return None
+            taken = self._held.pop(best)
+            self.hits += 1
+            self.reused_tokens += best_n * len(prompts)
+        return taken.session, best_n
 
     def put(self, session: Any) -> None:
         """Keep `session` (its generation ended cleanly) for a later request; the least

@@ -8,8 +8,10 @@ tell which servers ran the blocks. A request may name a LoRA adapter the swarm s
 With a `SessionPool` (drift.api.prefix), a one-row generation of the base model keeps its
 session when it ends cleanly and a later prompt starting with its tokens (the next chat
 turn) continues it: only the new tokens are sent. Such sessions are opened
-`headroom_tokens` longer than asked, so the next turn fits without reopening. (Sessions of
-an adapter are not pooled.) To the servers the API is one client: when one has no room for
+`headroom_tokens` longer than asked, so the next turn fits without reopening. A request (or
+a group of rows) whose prompt shares only a part of a held session (a system prompt) is
+forked from it: its servers copy those tokens' caches (into every row), only the rest of
+each prompt is sent, and the held session stays for its own conversation. (Sessions of an adapter are not pooled.) To the servers the API is one client: when one has no room for
 a new session, the pool's idle sessions are closed, oldest first, until it has.
 """
 
@@ -19,10 +21,13 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import torch
+
 from drift.api.engine import CausalLMEngine, OpenedSessions, ServedSpan
 from drift.api.prefix import SessionPool
 from drift.client.routing import missing_blocks
-from drift.wire.errors import CacheFull, LengthExceeded
+from drift.models.registry import get_adapter
+from drift.wire.errors import CacheFull, DriftError, LengthExceeded
 
 
 def swarm_engine(model: Any, tokenizer: Any, *, model_id: str, pool: SessionPool | None = None,
@@ -44,22 +49,59 @@ def swarm_engine(model: Any, tokenizer: Any, *, model_id: str, pool: SessionPool
                 if pool is None or not pool.release_oldest():
                     raise
 
+    def forked(max_length: int, prompts: Sequence[Sequence[int]]) -> Any | None:
+        """A session for the rows forked from a held one sharing their prompts' prefix
+        (its cache then holds those tokens), or None. With sliding-window layers, only
+        prompts of one length are forked: padding after the prefix would shift a window."""
+        assert pool is not None
+        if model.client.sharing.consumers:  # Gemma 4: servers do not fork shared K/V
+            return None
+        if len({len(p) for p in prompts}) > 1 and sliding(model.config):
+            return None
+        lent = pool.lend(prompts)
+        if lent is None:
+            return None
+        held, tokens = lent
+        try:
+            while True:
+                try:
+                    session = held.fork(len(prompts), max_length, tokens)
+                    break
+                except CacheFull:  # the API's other held sessions give their room first
+                    if not pool.release_oldest():
+                        return None
+        except DriftError:
+            return None  # a server refused (an older one, no room): computed in full
+        finally:
+            pool.put(held)  # unchanged: the next turn of its own conversation still finds it
+        ids = torch.tensor([list(p[:tokens]) for p in prompts], dtype=torch.long)
+        model.cache_for(session).record(ids, torch.ones_like(ids))
+        return session
+
     def open_session(max_length: int, batch_size: int, adapter: str | None,
-                     prompt: Sequence[int] | None) -> Any:  # fmt: skip
-        if pool is None or prompt is None or adapter is not None:
+                     prompts: Sequence[Sequence[int]] | None) -> Any:  # fmt: skip
+        if pool is None or prompts is None or adapter is not None:
             return open_new(max_length=max_length, batch_size=batch_size, active_adapter=adapter)
-        held = pool.take(prompt, max_length)
+        if len(prompts) > 1:
+            session = forked(max_length, prompts)
+            return session or open_new(max_length=max_length, batch_size=batch_size)
+        held = pool.take(prompts[0], max_length)  # the next turn of its conversation
         if held is not None:
             return held
-        try:  # room for the next turn, where the servers allow it
+        # room for the next turn, where the servers allow it
+        session = forked(max_length + headroom_tokens, prompts)  # a system prompt, say
+        if session is not None:
+            return session
+        try:
             return open_new(max_length=max_length + headroom_tokens, batch_size=1)
         except (LengthExceeded, CacheFull):  # no room for the headroom: what was asked
             return open_new(max_length=max_length, batch_size=1)
 
     @contextlib.contextmanager
     def sessions(max_length: int, batch_size: int, adapter: str | None = None,
-                 prompt: Sequence[int] | None = None) -> Iterator[OpenedSessions]:  # fmt: skip
-        session = open_session(max_length, batch_size, adapter, prompt)
+                 prompts: Sequence[Sequence[int]] | None = None,
+                 ) -> Iterator[OpenedSessions]:  # fmt: skip
+        session = open_session(max_length, batch_size, adapter, prompts)
 
         def route() -> tuple[ServedSpan, ...]:
             return tuple(
@@ -72,7 +114,7 @@ def swarm_engine(model: Any, tokenizer: Any, *, model_id: str, pool: SessionPool
         except BaseException:
             session.close()
             raise
-        if pool is not None and prompt is not None and adapter is None:
+        if pool is not None and prompts is not None and len(prompts) == 1 and adapter is None:
             pool.put(session)  # closed there unless it can be matched later
         else:
             session.close()
@@ -84,6 +126,14 @@ def swarm_engine(model: Any, tokenizer: Any, *, model_id: str, pool: SessionPool
 
     return CausalLMEngine(model, tokenizer, model_id=model_id, sessions=sessions,
                           adapters=adapters, **kwargs)  # fmt: skip
+
+
+def sliding(config: Any) -> bool:
+    """Whether any layer of the model attends through a sliding window."""
+    adapter = get_adapter(config)
+    text = config.get_text_config()
+    return any(adapter.layer_type(i) != "full_attention"
+               for i in range(int(text.num_hidden_layers)))  # fmt: skip
 
 
 def served_adapters(servers: Any, num_blocks: int) -> tuple[str, ...]:

@@ -104,3 +104,83 @@ async def test_a_server_without_room_gets_the_apis_held_sessions_back(
             assert resp.choices[0].message.content == want
             assert pool.released == (1 if i == 2 else 0)  # the third needed the first's room
     assert len(pool) == 2 and not model.client.bans.banned()
+
+
+async def _tokens_computed(swarm) -> list[int]:
+    """Each server's drift_tokens_total (tokens its blocks ran, padding included)."""
+    import aiohttp
+
+    out = []
+    async with aiohttp.ClientSession() as http:
+        for running in swarm.servers:
+            async with http.get(f"{running.url}/metrics") as resp:
+                text = await resp.text()
+            line = next(x for x in text.splitlines() if x.startswith("drift_tokens_total "))
+            out.append(int(float(line.split()[1])))
+    return out
+
+
+async def test_requests_sharing_a_held_prefix_are_forked_from_it(
+    model_dir, local_model, swarms, sdk_models
+) -> None:
+    """Requests whose prompts start with a part of a held session's tokens (a long system
+    prompt), sent together (one group) or alone, are forked from it: the servers copy the
+    prefix's caches and compute only the rest of each prompt, the held session stays for
+    its own conversation, and every answer equals local transformers'."""
+    import asyncio
+    import threading
+
+    import torch
+
+    from drift.api.continuous import ContinuousBatcher
+    from drift.api.engine import BatchRow, GenerationParams
+
+    system = "You are a helpful assistant who answers every question in one short line."
+    swarm = await swarms.start(model_dir, [(0, 2), (2, 4)])
+    model = await sdk_models.open(model_dir, swarm.token)
+    pool = SessionPool(model, max_sessions=4)
+    engine = swarm_engine(model, local_model[1], model_id=MODEL_ID, pool=pool)
+    asks = ["Hi there", "What is two and two?", "Name a colour", "Why?", "And you?"]
+    prompts = [_ids(local_model, [{"role": "system", "content": system},
+                                  {"role": "user", "content": ask}]) for ask in asks]  # fmt: skip
+    shared = min(common_prefix(prompts[0], p) for p in prompts[1:])
+    assert shared >= 2 * max(len(p) - shared for p in prompts)  # a prefix worth forking
+    n = 8
+    params = GenerationParams(max_new_tokens=n, temperature=0.0, top_p=1.0,
+                              presence_penalty=0.0, frequency_penalty=0.0, top_logprobs=None)  # fmt: skip
+    tokens: list[list[int]] = [[] for _ in prompts]
+    ended = [threading.Event() for _ in prompts]
+
+    def row(i: int) -> BatchRow:
+        def on_done(exc=None) -> None:
+            assert exc is None
+            ended[i].set()
+
+        return BatchRow(prompts[i], params, torch.Generator(),
+                        lambda event: tokens[i].append(event.token_id), threading.Event(),
+                        on_done)  # fmt: skip
+
+    async def run(*indices: int) -> list[int]:
+        """Submit the rows together; the tokens each server computed for them."""
+        before = await _tokens_computed(swarm)
+        loop.submit(*(row(i) for i in indices))
+        for i in indices:
+            assert await asyncio.to_thread(ended[i].wait, 60)
+        return [a - b for a, b in zip(await _tokens_computed(swarm), before, strict=True)]
+
+    loop = ContinuousBatcher(engine, max_batch=8)
+    try:
+        await run(0)  # the first conversation: its session is held afterwards
+        assert len(pool) == 1 and pool.hits == 0
+        group = [1, 2, 3]
+        computed = await run(*group)  # together: one group, forked
+        assert loop.stats.groups == 2 and pool.hits == 1 and len(pool) == 1  # the source back
+        width = max(len(prompts[i]) for i in group) - shared
+        assert computed == [len(group) * (width + n - 1)] * 2  # the rests and decode steps
+        computed = await run(4)  # alone: forked too, and held afterwards beside the first
+        assert pool.hits == 2 and len(pool) == 2
+        assert computed == [len(prompts[4]) - shared + n - 1] * 2
+    finally:
+        loop.close()
+    for i, prompt in enumerate(prompts):
+        assert engine.decode(tokens[i]) == reference(local_model, prompt, n)[0]

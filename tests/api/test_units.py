@@ -112,3 +112,19 @@ def test_chat_without_template_is_a_clear_400() -> None:
     engine = CausalLMEngine(tiny_chat_model(), char_tokenizer(chat_template=None), model_id="m")
     with pytest.raises(BadRequest, match="no chat template"):
         engine.chat_prompt(parse_chat({"model": "m", "messages": [{"role": "user"}]}).messages)
+
+
+def test_sliding_tells_which_models_attend_through_a_window() -> None:
+    """A group is forked only without sliding windows where its prompts differ in length
+    (drift.api.swarm): padding after the prefix would shift a window by cache slots."""
+    from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config
+
+    from drift.api.swarm import sliding
+
+    assert not sliding(LlamaConfig(num_hidden_layers=2))
+    assert not sliding(MistralConfig(num_hidden_layers=2, sliding_window=None))
+    assert sliding(MistralConfig(num_hidden_layers=2, sliding_window=8))
+    assert sliding(Gemma3TextConfig(num_hidden_layers=2))
+    assert not sliding(Qwen2Config(num_hidden_layers=2))
+    assert sliding(Qwen2Config(num_hidden_layers=2, use_sliding_window=True, sliding_window=8,
+                               max_window_layers=0))  # fmt: skip
