@@ -11,7 +11,9 @@ turn) continues it: only the new tokens are sent. Such sessions are opened
 `headroom_tokens` longer than asked, so the next turn fits without reopening. A request (or
 a group of rows) whose prompt shares only a part of a held session (a system prompt) is
 forked from it: its servers copy those tokens' caches (into every row), only the rest of
-each prompt is sent, and the held session stays for its own conversation. (Sessions of an adapter are not pooled.) To the servers the API is one client: when one has no room for
+each prompt is sent, and the held session stays for its own conversation. A group whose
+prompts share a long prefix that no session holds yet has it computed once, in a one-row
+session then held, and is forked from that. (Sessions of an adapter are not pooled.) To the servers the API is one client: when one has no room for
 a new session, the pool's idle sessions are closed, oldest first, until it has.
 """
 
@@ -24,10 +26,12 @@ from typing import Any
 import torch
 
 from drift.api.engine import CausalLMEngine, OpenedSessions, ServedSpan
-from drift.api.prefix import SessionPool
+from drift.api.prefix import SessionPool, common_prefix
 from drift.client.routing import missing_blocks
 from drift.models.registry import get_adapter
 from drift.wire.errors import CacheFull, DriftError, LengthExceeded
+
+FORK_MIN_SAVED = 64  # prompt tokens a group's shared prefix must save to be computed apart
 
 
 def swarm_engine(model: Any, tokenizer: Any, *, model_id: str, pool: SessionPool | None = None,
@@ -59,6 +63,8 @@ def swarm_engine(model: Any, tokenizer: Any, *, model_id: str, pool: SessionPool
         if len({len(p) for p in prompts}) > 1 and sliding(model.config):
             return None
         lent = pool.lend(prompts)
+        if lent is None and hold_prefix(prompts):
+            lent = pool.lend(prompts)
         if lent is None:
             return None
         held, tokens = lent
@@ -77,6 +83,30 @@ def swarm_engine(model: Any, tokenizer: Any, *, model_id: str, pool: SessionPool
         ids = torch.tensor([list(p[:tokens]) for p in prompts], dtype=torch.long)
         model.cache_for(session).record(ids, torch.ones_like(ids))
         return session
+
+    def hold_prefix(prompts: Sequence[Sequence[int]]) -> bool:
+        """For a group whose prompts share a prefix worth computing once (FORK_MIN_SAVED
+        tokens of compute saved, at least the pool's min_tokens): a one-row session that
+        computed it, held in the pool; whether one is."""
+        assert pool is not None
+        if len(prompts) < 2:
+            return False
+        shared = min(min(common_prefix(prompts[0], p) for p in prompts[1:]),
+                     min(len(p) for p in prompts) - 1)  # fmt: skip
+        if shared < pool.min_tokens or (len(prompts) - 1) * shared < FORK_MIN_SAVED:
+            return False
+        try:
+            session = open_new(max_length=shared + headroom_tokens, batch_size=1)
+        except DriftError:
+            return False
+        try:
+            ids = torch.tensor([list(prompts[0][:shared])], dtype=torch.long)
+            model.model(ids, cache=model.cache_for(session), use_cache=True)
+        except DriftError:
+            session.close()
+            return False
+        pool.put(session)
+        return True
 
     def open_session(max_length: int, batch_size: int, adapter: str | None,
                      prompts: Sequence[Sequence[int]] | None) -> Any:  # fmt: skip

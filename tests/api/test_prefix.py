@@ -126,7 +126,8 @@ async def test_requests_sharing_a_held_prefix_are_forked_from_it(
     """Requests whose prompts start with a part of a held session's tokens (a long system
     prompt), sent together (one group) or alone, are forked from it: the servers copy the
     prefix's caches and compute only the rest of each prompt, the held session stays for
-    its own conversation, and every answer equals local transformers'."""
+    its own conversation, and every answer equals local transformers'. A group sharing a
+    prefix no session holds has it computed once, then held."""
     import asyncio
     import threading
 
@@ -140,7 +141,8 @@ async def test_requests_sharing_a_held_prefix_are_forked_from_it(
     model = await sdk_models.open(model_dir, swarm.token)
     pool = SessionPool(model, max_sessions=4)
     engine = swarm_engine(model, local_model[1], model_id=MODEL_ID, pool=pool)
-    asks = ["Hi there", "What is two and two?", "Name a colour", "Why?", "And you?"]
+    asks = ["Hi there", "What is two and two?", "Name a colour", "Why?", "And you?", "Go on",
+            "Count to three", "Say yes"]  # fmt: skip
     prompts = [_ids(local_model, [{"role": "system", "content": system},
                                   {"role": "user", "content": ask}]) for ask in asks]  # fmt: skip
     shared = min(common_prefix(prompts[0], p) for p in prompts[1:])
@@ -169,17 +171,25 @@ async def test_requests_sharing_a_held_prefix_are_forked_from_it(
         return [a - b for a, b in zip(await _tokens_computed(swarm), before, strict=True)]
 
     loop = ContinuousBatcher(engine, max_batch=8)
+    group = [1, 2, 3]
+    width = max(len(prompts[i]) for i in group) - shared
     try:
-        await run(0)  # the first conversation: its session is held afterwards
-        assert len(pool) == 1 and pool.hits == 0
-        group = [1, 2, 3]
-        computed = await run(*group)  # together: one group, forked
-        assert loop.stats.groups == 2 and pool.hits == 1 and len(pool) == 1  # the source back
-        width = max(len(prompts[i]) for i in group) - shared
-        assert computed == [len(group) * (width + n - 1)] * 2  # the rests and decode steps
-        computed = await run(4)  # alone: forked too, and held afterwards beside the first
-        assert pool.hits == 2 and len(pool) == 2
+        # together, with nothing held: the shared prefix is computed once, in a one-row
+        # session then held, and the group is forked from it
+        computed = await run(*group)
+        assert loop.stats.groups == 1 and pool.hits == 1 and len(pool) == 1
+        assert computed == [shared + len(group) * (width + n - 1)] * 2
+        computed = await run(0)  # alone, continuing the held prefix: it takes it
+        assert pool.hits == 2 and len(pool) == 1
+        assert computed == [len(prompts[0]) - shared + n - 1] * 2
+        computed = await run(4)  # alone, sharing a part of that conversation: forked
+        assert pool.hits == 3 and len(pool) == 2  # held beside the first conversation
         assert computed == [len(prompts[4]) - shared + n - 1] * 2
+        again = [5, 6, 7]  # together again: forked from a held conversation
+        computed = await run(*again)
+        assert loop.stats.groups == 4 and pool.hits == 4 and len(pool) == 2
+        width = max(len(prompts[i]) for i in again) - shared
+        assert computed == [len(again) * (width + n - 1)] * 2
     finally:
         loop.close()
     for i, prompt in enumerate(prompts):
