@@ -194,3 +194,34 @@ async def test_requests_sharing_a_held_prefix_are_forked_from_it(
         loop.close()
     for i, prompt in enumerate(prompts):
         assert engine.decode(tokens[i]) == reference(local_model, prompt, n)[0]
+
+
+async def test_without_the_engine_loop_a_request_sharing_a_system_prompt_is_forked(
+    model_dir, local_model, swarms, sdk_models, web_apps
+) -> None:
+    """`--max_batch 1` (no engine loop: each request its own generate()): a conversation
+    sharing only the system prompt of a held one starts from a fork of it, and both stay
+    held; answers equal local transformers'."""
+    system = "You are a helpful assistant who answers every question in one short line."
+    swarm = await swarms.start(model_dir, [(0, 2), (2, 4)])
+    model = await sdk_models.open(model_dir, swarm.token)
+    pool = SessionPool(model, max_sessions=4)
+    engine = swarm_engine(model, local_model[1], model_id=MODEL_ID, pool=pool)
+    service = ServiceConfig(max_concurrent=2, max_batch=1)
+    url = await web_apps.start(build_api_app(engine, ApiConfig((API_KEY,), service=service)))
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
+    async with client:
+        for i, ask in enumerate(["Hi there", "Name a colour"]):
+            messages = [{"role": "system", "content": system}, {"role": "user", "content": ask}]
+            before = await _tokens_computed(swarm)
+            resp = await client.chat.completions.create(
+                model=MODEL_ID, messages=messages, max_tokens=6, temperature=0
+            )
+            computed = [a - b for a, b in zip(await _tokens_computed(swarm), before, strict=True)]
+            ids = _ids(local_model, messages)
+            assert resp.choices[0].message.content == reference(local_model, ids, 6)[0]
+            if i == 1:  # forked at the shared prefix: only the rest was computed
+                first = _ids(local_model, [{"role": "system", "content": system},
+                                           {"role": "user", "content": "Hi there"}])  # fmt: skip
+                assert computed == [len(ids) - common_prefix(first, ids) + 5] * 2
+    assert pool.hits == 1 and len(pool) == 2
