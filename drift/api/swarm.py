@@ -71,7 +71,8 @@ def swarm_engine(model: Any, tokenizer: Any, *, model_id: str, pool: SessionPool
         try:
             while True:
                 try:
-                    session = held.fork(len(prompts), max_length, tokens)
+                    session = model.fork_session(held, len(prompts), max_length=max_length,
+                                                 tokens=tokens)  # fmt: skip
                     break
                 except CacheFull:  # the API's other held sessions give their room first
                     if not pool.release_oldest():
@@ -80,8 +81,6 @@ def swarm_engine(model: Any, tokenizer: Any, *, model_id: str, pool: SessionPool
             return None  # a server refused (an older one, no room): computed in full
         finally:
             pool.put(held)  # unchanged: the next turn of its own conversation still finds it
-        ids = torch.tensor([list(p[:tokens]) for p in prompts], dtype=torch.long)
-        model.cache_for(session).record(ids, torch.ones_like(ids))
         return session
 
     def hold_prefix(prompts: Sequence[Sequence[int]]) -> bool:

@@ -222,6 +222,28 @@ class DistributedPreTrainedModel(PreTrainedModel):
             active_adapter=active_adapter,
         )  # fmt: skip
 
+    def fork_session(self, session: InferenceSession, batch_size: int, *,
+                     max_length: int | None = None,
+                     tokens: int | None = None) -> InferenceSession:  # fmt: skip
+        """A new session of `batch_size` rows, each starting with the first `tokens` tokens
+        (default: all) of one-row `session` (a system prompt, computed once): the servers
+        copy their caches (InferenceSession.fork). `generate(ids, session=forked)` then
+        sends only what follows them in each row of `ids` (left-padded after them, with an
+        attention_mask, where the rows' rests differ in length). The caller closes it."""
+        source = self.cache_for(session)
+        held = source.get_seq_length()
+        tokens = held if tokens is None else tokens
+        if not 0 < tokens <= held:
+            raise ValueError(f"tokens={tokens}: the session holds {held} tokens")
+        forked = session.fork(batch_size, session.max_length if max_length is None else max_length,
+                              source.prefix_length + tokens)  # fmt: skip
+        cache = self.cache_for(forked)
+        cache.prefix_length = source.prefix_length
+        if source.token_ids is not None:
+            ids = source.token_ids[:, :tokens].expand(batch_size, -1)
+            cache.record(ids, torch.ones_like(ids))
+        return forked
+
     def cache_for(self, session: InferenceSession) -> RemoteCache:
         """The one RemoteCache standing for `session` (what generate(session=...) uses)."""
         with self._caches_lock:

@@ -97,3 +97,31 @@ async def test_forks_that_cannot_be_are_refused(tiny_dirs, swarm_model):
         two.close()
 
     await asyncio.to_thread(refusals)
+
+
+async def test_generate_continues_a_forked_session_as_local_transformers(tiny_dirs, swarm_model):
+    """model.fork_session: a system prompt computed once, then generate() on every row's
+    whole prompt sends only each rest (left-padded after the prefix) and decodes as local
+    transformers does on each prompt alone."""
+    model_dir = tiny_dirs("llama")
+    local = load_reference(model_dir)
+    swarm, model = await swarm_model(model_dir, [(0, 2), (2, 4)])
+    prefix = _ids(1, PREFIX)
+    rests = [_ids(10 + i, n) for i, n in enumerate((3, 1, 4))]
+
+    def run():
+        with model.open_session(max_length=64) as base:
+            model(prefix, cache=model.cache_for(base), use_cache=True)  # computed once
+            with model.fork_session(base, len(rests)) as rows:
+                assert rows.position == PREFIX
+                rest_ids, mask = _left_padded(rests, PREFIX)
+                ids = torch.cat([prefix.expand(len(rests), -1), rest_ids], 1)
+                return model.generate(ids, attention_mask=mask, session=rows,
+                                      max_new_tokens=5, do_sample=False)  # fmt: skip
+
+    out = await asyncio.to_thread(run)
+    width = max(r.shape[1] for r in rests)
+    for i, rest in enumerate(rests):
+        whole = torch.cat([prefix, rest], 1)
+        want = local.generate(whole, max_new_tokens=5, do_sample=False)[:, whole.shape[1] :]
+        assert torch.equal(out[i : i + 1, PREFIX + width :], want)
