@@ -13,8 +13,9 @@ a group of rows) whose prompt shares only a part of a held session (a system pro
 forked from it: its servers copy those tokens' caches (into every row), only the rest of
 each prompt is sent, and the held session stays for its own conversation. A group whose
 prompts share a long prefix that no session holds yet has it computed once, in a one-row
-session then held, and is forked from that. (Sessions of an adapter are not pooled.) To the servers the API is one client: when one has no room for
-a new session, the pool's idle sessions are closed, oldest first, until it has.
+session then held, and is forked from that. (Sessions of an adapter are not pooled.) To the
+servers the API is one client: when one has no room for a new session, the pool's idle
+sessions are closed, oldest first, until it has.
 """
 
 from __future__ import annotations

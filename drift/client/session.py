@@ -223,10 +223,10 @@ class InferenceSession:
              tokens: int | None = None) -> InferenceSession:  # fmt: skip
         """A new session of `batch_size` rows, each starting with the first `tokens` tokens
         (default: all) this one-row session holds (a shared prompt prefix, computed once),
-        its position there: opened on the same servers,
-        which copy their caches (OpenSession.fork_of), its spans' histories this one's, rows
-        repeated (a failover replays them). Raises DriftError where a server refuses (an
-        older one, no room: nothing stays open); this session is not changed."""
+        its position there. It opens on the same servers, which copy their caches
+        (OpenSession.fork_of); its spans' histories are this one's, rows repeated (a
+        failover replays them). Raises DriftError where a server refuses (an older one, no
+        room: nothing stays open); this session is not changed."""
         if self.closed or not self.spans or self.batch_size != 1 or self.lora:
             raise BadRequest("only an open one-row session without LoRA weights is forked")
         tokens = self._position if tokens is None else tokens
