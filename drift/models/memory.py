@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
+from typing import Any
 
 
 def resident_bytes() -> int | None:
@@ -23,12 +25,18 @@ def resident_bytes() -> int | None:
 
 def trim_heap() -> None:
     """glibc's malloc_trim(0): return free heap memory to the OS; a no-op without glibc."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's malloc_trim, looked up once (None: not glibc, e.g. musl or macOS)."""
     name = ctypes.util.find_library("c")
     if name is None:
-        return
+        return None
     try:
-        libc = ctypes.CDLL(name)
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
-        return
-    trim(0)
+        return ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):
+        return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -17,6 +18,7 @@ from typing import Any, TypeVar
 import torch
 
 from drift.models.batch import BatchStep, run_steps
+from drift.models.memory import trim_heap
 from drift.server.chunks import forward_chunks, merge_grad_prompts, row_groups
 from drift.wire.checks import dtype_name
 from drift.wire.errors import BadRequest, Busy, ModelMismatch, PayloadTooLarge, SpanNotServed
@@ -24,6 +26,7 @@ from drift.wire.extras import ExtraSpec
 from drift.wire.messages import BackwardRequest, BackwardResponse, ForwardRequest, ForwardResponse
 
 T = TypeVar("T")
+TRIM_AFTER_TOKENS = 32  # a step this long (a prompt, not a decode or a short draft) trims
 
 
 class SpanBackend:
@@ -53,6 +56,9 @@ class SpanBackend:
         # One worker per device: torch work never blocks the event loop, and runs in order.
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drift-compute")
         self.unloaded: str | None = None  # why compute is refused: the weights were freed
+        self.trim: Callable[[], None] = trim_heap  # returns freed heap memory to the OS
+        # sessions whose last step was a prompt: their next step trims its memory too
+        self._prompted: weakref.WeakSet[Any] = weakref.WeakSet()
 
     @property
     def n_blocks(self) -> int:
@@ -105,10 +111,28 @@ class SpanBackend:
     def run_steps(self, steps: list[BatchStep]) -> list[torch.Tensor]:
         """Batched plain steps of sessions (drift.server.batcher), on the compute thread: the
         decode unit where it takes them, else drift.models.batch."""
-        if self.decode is not None and self.decode.takes(steps):
-            out: list[torch.Tensor] = self.decode.run(steps)
-            return out
-        return run_steps(steps)
+        try:
+            if self.decode is not None and self.decode.takes(steps):
+                out: list[torch.Tensor] = self.decode.run(steps)
+                return out
+            return run_steps(steps)
+        finally:
+            self._release_freed(steps)
+
+    def _release_freed(self, steps: list[BatchStep]) -> None:
+        """(Compute thread) Hand freed heap memory back to the OS after steps with a prompt
+        (over TRIM_AFTER_TOKENS tokens in a row: its activations, up to tokens x tokens
+        attention scores per layer) and after the first step of each such session after it
+        (the decode unit moves the prompt's keys/values into their buffers): glibc keeps
+        such memory, and 8 sessions' prompts of 1,000 tokens left a server's resident memory
+        half as large again as its KV budget. A trim takes a few ms, once or twice per
+        prompt (decode steps of sessions past their first never pay one)."""
+        prompted = [s.session for s in steps if int(s.hidden.shape[1]) > TRIM_AFTER_TOKENS]
+        if prompted or any(s.session in self._prompted for s in steps):
+            self.trim()
+        for step in steps:
+            self._prompted.discard(step.session)
+        self._prompted.update(prompted)
 
     # The requests were validated at the wire edge (ForwardRequest/BackwardRequest.from_wire)
     # and by `check`: the span's trusted entries run them as they are. Plain requests run
