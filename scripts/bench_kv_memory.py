@@ -9,10 +9,11 @@ bytes the sessions' tokens take, and the growth of the process's resident memory
 of its peak (VmHWM) over the same server before the sessions opened. A per-step copy of the
 pasts (a temporary batched cache) would show as a peak, and, since freed memory mostly stays
 mapped, as resident growth well above the tokens' bytes. Also checks each session's tokens
-against local transformers on the same weights. The prompts go in one at a time (8 long
-prompts at once make decode steps queue behind them on a server past the client's adaptive
-step timeout, and the client then leaves the server: noted in issue 27's closing note), then
-every session decodes at once.
+against local transformers on the same weights. The prompts go in one at a time (so the
+resident growth after them is the prompts' alone), then every session decodes at once. With
+`--together` every session starts its generate() at once instead (the sessions whose prompt is
+in decode while the others' prompt chunks queue on the servers: the load under which a client
+once gave up on a busy server); the count of servers the client gave up on is printed.
 
     PYTHONPATH=. .venv/bin/python scripts/bench_kv_memory.py --sessions 8 --prompt 1000 --new 24
 """
@@ -26,6 +27,7 @@ import tempfile
 import threading
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -63,6 +65,8 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--prompt", type=int, default=1000)
     parser.add_argument("--new", type=int, default=24)
+    parser.add_argument("--together", action="store_true",
+                        help="send every session's prompt at once, not one at a time")  # fmt: skip
     args = parser.parse_args()
     ckpt = open_checkpoint(args.model)
     text = ckpt.config.get_text_config()
@@ -89,6 +93,14 @@ def main() -> None:
             model = AutoDistributedModelForCausalLM.from_pretrained(ckpt.path,
                                                                     initial_peers=procs.token)  # fmt: skip
             wait_covered(model, n)
+            failures: list[str] = []  # servers the client gave up on (a step timed out...)
+            note_failure = model.client.note_failure
+
+            def counted(exc: BaseException, hop: Any) -> None:
+                failures.append(hop.peer_id)
+                note_failure(exc, hop)
+
+            model.client.note_failure = counted  # type: ignore[method-assign]
             model.generate(prompts[0][:, :32], max_new_tokens=4, do_sample=False)  # warm-up
             before = [proc_kib(p.pid) for p in procs.procs]
             got: list[torch.Tensor | None] = [None] * args.sessions
@@ -102,9 +114,10 @@ def main() -> None:
             def user(i: int) -> None:
                 try:
                     with model.inference_session(max_length=length) as session:
-                        with prefill:  # one prompt at a time (see the module's docstring)
-                            model(prompts[i][:, :-1], cache=model.cache_for(session),
-                                  use_cache=True)  # fmt: skip
+                        if not args.together:
+                            with prefill:  # one prompt at a time
+                                model(prompts[i][:, :-1], cache=model.cache_for(session),
+                                      use_cache=True)  # fmt: skip
                         prefilled.wait()  # then all decode at once, batched
                         go.wait()
                         got[i] = model.generate(prompts[i], max_new_tokens=args.new,
@@ -135,7 +148,8 @@ def main() -> None:
             procs.stop()
     same = all(g is not None and torch.equal(g, w) for g, w in zip(got, want, strict=True))
     print(f"\n{args.model} float32, 2 servers {spans}, {args.sessions} sessions of "
-          f"{args.prompt} prompt + {args.new} new tokens, all open (decode steps batched)")  # fmt: skip
+          f"{args.prompt} prompt + {args.new} new tokens, all open (decode steps batched), "
+          f"{'every generate() at once' if args.together else 'prompts one at a time'}")  # fmt: skip
     print("| server | blocks | budget reserved | its K/V bytes | sessions' tokens' K/V | "
           "VmRSS growth: prompts in | then decoded | VmHWM growth | steps (count) |")  # fmt: skip
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
@@ -145,11 +159,13 @@ def main() -> None:
         rss = (during[i]["VmRSS"] - before[i]["VmRSS"]) * 1024
         mid = (prompted[i]["VmRSS"] - before[i]["VmRSS"]) * 1024
         hwm = (during[i]["VmHWM"] - before[i]["VmHWM"]) * 1024
+        mid_text = "-" if args.together else f"{mid / MIB:.1f} MiB"
         print(f"| {i + 1} | {start}:{end} | {held[i]:,} block-tokens | "
               f"{held[i] * per_block_token / MIB:.1f} MiB | {tokens_bytes / MIB:.1f} MiB | "
-              f"{mid / MIB:.1f} MiB | {rss / MIB:.1f} MiB | {hwm / MIB:.1f} MiB | "
+              f"{mid_text} | {rss / MIB:.1f} MiB | {hwm / MIB:.1f} MiB | "
               f"{steps[i][1]} |")  # fmt: skip
-    print(f"tokens equal local transformers: {same}")
+    print(f"tokens equal local transformers: {same}; servers given up on (then failed over "
+          f"from): {len(failures)}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -217,13 +217,12 @@ class Chain:
         """A pushed step's reply from `span` and whether it went on, within its adaptive
         timeout counted from the previous span's reply (the time this span's part of the
         chain takes)."""
-        key, tokens = f"{span.hop.peer_id}:step", s.hidden.shape[0] * s.hidden.shape[1]
-        reply = await span.socket.receive(
-            step_id, timeout_s=self.client.timeouts.timeout(key, tokens)
-        )
+        peer, tokens = span.hop.peer_id, s.hidden.shape[0] * s.hidden.shape[1]
+        with self.client.timeouts.waiting(peer, "step", tokens) as timeout_s:
+            reply = await span.socket.receive(step_id, timeout_s=timeout_s)
         seconds = time.perf_counter() - started
-        self.client.swarm.note_rtt(span.hop.peer_id, seconds)
-        self.client.timeouts.observe(key, tokens, seconds)
+        self.client.swarm.note_rtt(peer, seconds)
+        self.client.timeouts.observe(peer, "step", tokens, seconds)
         return reply.hidden_states, dict(reply.extras), reply.pushed
 
     def _inputs(self, step: StepInputs, hidden: torch.Tensor, hop: Hop,
@@ -246,18 +245,19 @@ class Chain:
             extras.update(in_span(self.lora, hop.start_block, hop.end_block))
         donate = self.client.sharing.donated(hop.start_block, hop.end_block, stop)
         started = time.perf_counter()
-        key, tokens = f"{span.hop.peer_id}:step", s.hidden.shape[0] * s.hidden.shape[1]
-        reply = await span.socket.step(
-            s.hidden, s.position, hypo_ids=s.hypo_ids, attention_mask=s.attention_mask,
-            prompts=slice_prompts(s.prompts, self.start_block, hop), extras=extras,
-            donate=donate, states=states, timeout_s=self.client.timeouts.timeout(key, tokens),
-        )  # fmt: skip
+        peer, tokens = hop.peer_id, s.hidden.shape[0] * s.hidden.shape[1]
+        with self.client.timeouts.waiting(peer, "step", tokens) as timeout_s:
+            reply = await span.socket.step(
+                s.hidden, s.position, hypo_ids=s.hypo_ids, attention_mask=s.attention_mask,
+                prompts=slice_prompts(s.prompts, self.start_block, hop), extras=extras,
+                donate=donate, states=states, timeout_s=timeout_s,
+            )  # fmt: skip
         seconds = time.perf_counter() - started
         span.lora_sent = True
         # measured step time feeds the per-peer EWMA that routing reads as rtt_s, and the
         # step timeout: a peer that stops answering is left after a few of its step times
-        self.client.swarm.note_rtt(span.hop.peer_id, seconds)
-        self.client.timeouts.observe(key, tokens, seconds)
+        self.client.swarm.note_rtt(peer, seconds)
+        self.client.timeouts.observe(peer, "step", tokens, seconds)
         return reply.hidden_states, dict(reply.extras)
 
     async def failover(self, index: int, exc: DriftError) -> None:

@@ -15,8 +15,9 @@ class ClientConfig:
     request_timeout_s: float = 60.0  # one /forward or /backward request end to end (at most)
     table_timeout_s: float = 5.0  # one read of a member's table (GET /swarm) end to end
     # One inference step's reply on a session WebSocket (and a /forward or /backward reply):
-    # step_timeout_factor x what that peer's replies of that size have taken, within
-    # [min_step_timeout_s, step_timeout_s]; step_timeout_s for a peer not measured yet.
+    # step_timeout_factor x what that peer's replies of that size have taken (with this
+    # client's calls already in flight there), within [min_step_timeout_s, step_timeout_s];
+    # step_timeout_s for a peer not measured yet.
     step_timeout_s: float = 60.0
     min_step_timeout_s: float = 2.0
     step_timeout_factor: float = 10.0

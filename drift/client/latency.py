@@ -6,6 +6,10 @@ step's time on each span; routing reads it as ServerInfo.rtt_s. Pure, clock-free
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class LatencyEwma:
     """peer_id -> EWMA of observed seconds; the first sample is taken as is."""
@@ -32,12 +36,15 @@ class LatencyEwma:
 
 
 class StepTimeouts:
-    """How long to wait for a peer's reply: a few times what its replies have taken so far.
+    """How long to wait for a peer's reply: a few times what it should take.
 
     Per (peer, kind) it keeps an EWMA of the seconds of short calls (a decode step: at most
-    `short_tokens` tokens) and of the seconds per token of longer ones (a prefill, a forward);
-    the timeout for T tokens is `factor` x the expected time, within [min_s, max_s]. A peer
-    never measured gets max_s. So a frozen server is left in seconds once its pace is known.
+    `short_tokens` tokens) and of the seconds per token of longer ones (a prefill, a forward).
+    A call's wait is `factor` x the expected time of that call and of the calls this client
+    already has in flight on that peer (a server computes them first: a decode step sent
+    behind eight prompts waits for the eight), within [min_s, max_s]. A call whose cost, or
+    that of a call ahead of it, was never measured gets max_s. So a frozen server is left in
+    seconds once its pace is known, and a server busy with this client's own work is not.
     Pure, clock-free.
     """
 
@@ -48,17 +55,21 @@ class StepTimeouts:
                              f"{min_s}, {max_s}")  # fmt: skip
         self.factor, self.min_s, self.max_s = factor, min_s, max_s
         self.short_tokens = short_tokens
-        self._short = LatencyEwma(alpha)  # key -> seconds of a short call
-        self._per_token = LatencyEwma(alpha)  # key -> seconds per token of a long call
+        self._short = LatencyEwma(alpha)  # "peer:kind" -> seconds of a short call
+        self._per_token = LatencyEwma(alpha)  # "peer:kind" -> seconds per token of a long call
+        self._in_flight: dict[str, dict[int, tuple[str, int]]] = {}  # peer -> call -> kind, tokens
+        self._calls = itertools.count()
 
-    def observe(self, key: str, tokens: int, seconds: float) -> None:
+    def observe(self, peer: str, kind: str, tokens: int, seconds: float) -> None:
+        key = f"{peer}:{kind}"
         if tokens <= self.short_tokens:
             self._short.update(key, seconds)
         else:
             self._per_token.update(key, seconds / tokens)
 
-    def expected(self, key: str, tokens: int) -> float | None:
-        """Seconds a call of `tokens` tokens should take, or None if nothing is known."""
+    def expected(self, peer: str, kind: str, tokens: int) -> float | None:
+        """Seconds a call of `tokens` tokens should take on its own, or None if unknown."""
+        key = f"{peer}:{kind}"
         short, per_token = self._short.get(key), self._per_token.get(key)
         if tokens <= self.short_tokens:
             return short if short is not None else (
@@ -67,8 +78,32 @@ class StepTimeouts:
             return None  # a long call's cost is not known from short ones
         return max(short or 0.0, per_token * tokens)
 
-    def timeout(self, key: str, tokens: int) -> float:
-        expected = self.expected(key, tokens)
-        if expected is None:
-            return self.max_s
-        return min(self.max_s, max(self.min_s, self.factor * expected))
+    def timeout(self, peer: str, kind: str, tokens: int) -> float:
+        """The wait for a call sent now: its own expected time and that of the calls in
+        flight on `peer`, times `factor`, within [min_s, max_s]."""
+        total = 0.0
+        for k, t in [(kind, tokens), *self._in_flight.get(peer, {}).values()]:
+            expected = self.expected(peer, k, t)
+            if expected is None:
+                return self.max_s
+            total += expected
+        return min(self.max_s, max(self.min_s, self.factor * total))
+
+    @contextmanager
+    def waiting(self, peer: str, kind: str, tokens: int) -> Iterator[float]:
+        """Around one call: yields its timeout, and counts the call as in flight on `peer`
+        (for later calls' timeouts) until the block ends."""
+        timeout_s = self.timeout(peer, kind, tokens)
+        call = next(self._calls)
+        calls = self._in_flight.setdefault(peer, {})
+        calls[call] = (kind, tokens)
+        try:
+            yield timeout_s
+        finally:
+            del calls[call]
+            if not calls:
+                self._in_flight.pop(peer, None)
+
+    def in_flight(self, peer: str) -> int:
+        """Calls this client has in flight on `peer`."""
+        return len(self._in_flight.get(peer, ()))

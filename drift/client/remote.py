@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Collection, Coroutine
+from collections.abc import Awaitable, Callable, Collection, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -183,17 +183,16 @@ class RemoteClient:
             raise exc
         return attempts
 
-    def _timeout(self, hop: Hop, kind: str, hidden: torch.Tensor) -> float:
-        """A peer's reply timeout for this request: a few times its measured pace."""
-        return self.timeouts.timeout(f"{hop.peer_id}:{kind}", hidden.shape[0] * hidden.shape[1])
-
     async def _timed(self, hop: Hop, kind: str, hidden: torch.Tensor,
-                     call: Coroutine[Any, Any, T]) -> T:  # fmt: skip
-        """Await `call` and feed its duration to the peer's timeouts."""
-        started = time.perf_counter()
-        result = await call
-        self.timeouts.observe(f"{hop.peer_id}:{kind}", hidden.shape[0] * hidden.shape[1],
-                              time.perf_counter() - started)  # fmt: skip
+                     call: Callable[..., Awaitable[T]]) -> T:  # fmt: skip
+        """Await `call(timeout_s=...)` with the peer's reply timeout for this request (a few
+        times its measured pace, counting what this client has in flight there) and feed its
+        duration to the peer's timeouts."""
+        tokens = hidden.shape[0] * hidden.shape[1]
+        with self.timeouts.waiting(hop.peer_id, kind, tokens) as timeout_s:
+            started = time.perf_counter()
+            result = await call(timeout_s=timeout_s)
+        self.timeouts.observe(hop.peer_id, kind, tokens, time.perf_counter() - started)
         return result
 
     async def forward(
@@ -219,11 +218,10 @@ class RemoteClient:
                 extras.update(in_span(lora or {}, hop.start_block, hop.end_block))
                 donate = self.sharing.donated(hop.start_block, hop.end_block, stop)
                 try:
-                    reply = await self._timed(hop, "forward", hidden, transport.forward(
-                        self.http, hop, self.model_fingerprint, hidden, self.config,
+                    reply = await self._timed(hop, "forward", hidden, functools.partial(
+                        transport.forward, self.http, hop, self.model_fingerprint, hidden, self.config,
                         attention_mask=attention_mask, prompts=slice_prompts(prompts, start, hop),
                         extras=extras, donate=donate, states=states, adapter=self.adapter,
-                        timeout_s=self._timeout(hop, "forward", hidden),
                     ))  # fmt: skip
                 except DriftError as exc:
                     attempts = self.count_failure(exc, hop, attempts)
@@ -272,11 +270,10 @@ class RemoteClient:
         sub_prompts = slice_prompts(prompts, start, step.hop)
         while True:
             try:
-                reply = await self._timed(hop, "backward", step.hidden, transport.backward(
-                    self.http, hop, self.model_fingerprint, step.hidden, grad, self.config,
+                reply = await self._timed(hop, "backward", step.hidden, functools.partial(
+                    transport.backward, self.http, hop, self.model_fingerprint, step.hidden, grad, self.config,
                     attention_mask=mask, prompts=sub_prompts, extras=step.extras,
                     grad_extras=grad_out, adapter=self.adapter,
-                    timeout_s=self._timeout(hop, "backward", step.hidden),
                 ))  # fmt: skip
                 return reply.grad_inputs, reply.grad_prompts, dict(reply.grad_extras)
             except DriftError as exc:

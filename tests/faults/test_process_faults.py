@@ -321,7 +321,7 @@ def test_sigstop_is_left_quickly_and_rejoins_on_sigcont(swarm, model, reference)
     assert torch.equal(out, reference)
     # the client left the frozen server after a wait set by its measured pace, not the fixed
     # step_timeout_s
-    waited = model.client.timeouts.timeout(f"{frozen[0].peer_id}:step", 1)
+    waited = model.client.timeouts.timeout(frozen[0].peer_id, "step", 1)
     assert waited < model.client.config.step_timeout_s / 4, waited
     # thawed, it re-signs its record and is back in the swarm
     swarm.converged({frozen[0].peer_id}, since=thawed)
