@@ -72,17 +72,15 @@ def swarm_engine(model: Any, tokenizer: Any, *, model_id: str, pool: SessionPool
         try:
             while True:
                 try:
-                    session = model.fork_session(held, len(prompts), max_length=max_length,
-                                                 tokens=tokens)  # fmt: skip
-                    break
+                    return model.fork_session(held, len(prompts), max_length=max_length,
+                                              tokens=tokens)  # fmt: skip
                 except CacheFull:  # the API's other held sessions give their room first
                     if not pool.release_oldest():
                         return None
-        except DriftError:
-            return None  # a server refused (an older one, no room): computed in full
+                except DriftError:
+                    return None  # a server refused (an older one): computed in full
         finally:
             pool.put(held)  # unchanged: the next turn of its own conversation still finds it
-        return session
 
     def hold_prefix(prompts: Sequence[Sequence[int]]) -> bool:
         """For a group whose prompts share a prefix worth computing once (FORK_MIN_SAVED

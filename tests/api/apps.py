@@ -4,13 +4,17 @@ Fixtures built from them live in conftest.py."""
 
 from __future__ import annotations
 
+import asyncio
 import string
+import threading
+from collections.abc import Callable, Sequence
 
 import torch
 from aiohttp import web
 from tokenizers import Tokenizer, decoders, models
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
+from drift.api.engine import BatchRow, GenerationParams, TokenEvent
 from tests.tiny_models import TINY_CONFIGS
 
 MODEL_ID = "tiny-chat"
@@ -106,3 +110,40 @@ def chat_ids(local_model) -> list[int]:
     tokenizer = local_model[1]
     text = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def greedy(max_new_tokens: int) -> GenerationParams:
+    """Greedy decoding of up to `max_new_tokens` tokens, no penalties, no logprobs."""
+    return GenerationParams(max_new_tokens=max_new_tokens, temperature=0.0, top_p=1.0,
+                            presence_penalty=0.0, frequency_penalty=0.0, top_logprobs=None)  # fmt: skip
+
+
+class Rows:
+    """Engine rows (drift.api.engine.BatchRow) for a list of prompts, greedy: each row's
+    tokens as they come, its cancel event, and an event set when it ends (with no error).
+    `on_token(i, event)` also sees every token of row i."""
+
+    def __init__(self, prompts: Sequence[list[int]], lengths: Sequence[int],
+                 on_token: Callable[[int, TokenEvent], None] | None = None) -> None:  # fmt: skip
+        self.prompts, self.lengths, self.on_token = prompts, lengths, on_token
+        self.tokens: list[list[int]] = [[] for _ in prompts]
+        self.ended = [threading.Event() for _ in prompts]
+        self.cancel = [threading.Event() for _ in prompts]
+
+    def row(self, i: int) -> BatchRow:
+        def on_token(event: TokenEvent) -> None:
+            self.tokens[i].append(event.token_id)
+            if self.on_token is not None:
+                self.on_token(i, event)
+
+        def on_done(exc: BaseException | None = None) -> None:
+            assert exc is None
+            self.ended[i].set()
+
+        return BatchRow(self.prompts[i], greedy(self.lengths[i]), torch.Generator(), on_token,
+                        self.cancel[i], on_done)  # fmt: skip
+
+    async def wait(self, *indices: int) -> None:
+        """Until rows `indices` (default: all) have ended; a minute at most each."""
+        for i in indices or range(len(self.prompts)):
+            assert await asyncio.to_thread(self.ended[i].wait, 60)

@@ -6,19 +6,16 @@ servers' caches; at most `max_batch` rows run, the others wait instead of failin
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import aiohttp
 import openai
 import pytest
-import torch
 
 from drift.api.app import METRICS, SERVICE, ApiConfig, build_api_app
 from drift.api.continuous import ContinuousBatcher
-from drift.api.engine import BatchRow, GenerationParams
 from drift.api.service import ServiceConfig
 from drift.api.swarm import swarm_engine
-from tests.api.apps import API_KEY, MODEL_ID, reference
+from tests.api.apps import API_KEY, MODEL_ID, Rows, reference
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -138,11 +135,6 @@ async def test_a_failed_row_is_its_own_error(
     assert loop.running == 0 and loop.waiting == 0
 
 
-def _params(n: int) -> GenerationParams:
-    return GenerationParams(max_new_tokens=n, temperature=0.0, top_p=1.0, presence_penalty=0.0,
-                            frequency_penalty=0.0, top_logprobs=None)  # fmt: skip
-
-
 async def test_a_burst_shares_one_session_set_and_a_row_leaves_it_early(
     model_dir, local_model, swarms, sdk_models
 ) -> None:
@@ -150,36 +142,24 @@ async def test_a_burst_shares_one_session_set_and_a_row_leaves_it_early(
     model = await sdk_models.open(model_dir, swarm.token)
     engine = swarm_engine(model, local_model[1], model_id=MODEL_ID)
     prompts = [engine.encode(p) for p in PROMPTS[:4]]
-    tokens: list[list[int]] = [[] for _ in prompts]
-    ended = [threading.Event() for _ in prompts]
-    cancel = [threading.Event() for _ in prompts]
     lengths = [24, 24, 24, 200]
 
-    def row(i: int) -> BatchRow:
-        def on_token(event) -> None:
-            tokens[i].append(event.token_id)
-            if i == 3 and len(tokens[i]) == 3:
-                cancel[i].set()  # as a client closing its stream
+    def on_token(i: int, _event) -> None:
+        if i == 3 and len(rows.tokens[i]) == 3:
+            rows.cancel[i].set()  # as a client closing its stream
 
-        def on_done(exc=None) -> None:
-            assert exc is None
-            ended[i].set()
-
-        return BatchRow(prompts[i], _params(lengths[i]), torch.Generator(), on_token,
-                        cancel[i], on_done)  # fmt: skip
-
+    rows = Rows(prompts, lengths, on_token)
     loop = ContinuousBatcher(engine, max_batch=4)
     try:
-        loop.submit(*(row(i) for i in range(4)))  # together: one left-padded group
-        for e in ended:
-            assert await asyncio.to_thread(e.wait, 60)
+        loop.submit(*(rows.row(i) for i in range(4)))  # together: one left-padded group
+        await rows.wait()
     finally:
         loop.close()
     assert loop.stats.groups == 1 and loop.stats.most_rows == 4
     for i in range(3):  # left padding and the other rows change no answer
         want = reference(local_model, prompts[i], lengths[i])[0]
-        assert engine.decode(tokens[i]) == want
-    assert len(tokens[3]) <= 4  # the cancelled row left at its next step
+        assert engine.decode(rows.tokens[i]) == want
+    assert len(rows.tokens[3]) <= 4  # the cancelled row left at its next step
     assert loop.running == 0 and await _sessions(swarm) == [0, 0]
 
 
@@ -198,27 +178,15 @@ async def test_requests_arriving_a_moment_apart_at_an_idle_loop_share_one_group(
     model = await sdk_models.open(model_dir, swarm.token)
     engine = swarm_engine(model, local_model[1], model_id=MODEL_ID)
     prompts = [engine.encode(p) for p in PROMPTS[:3]]
-    tokens: list[list[int]] = [[] for _ in prompts]
-    ended = [threading.Event() for _ in prompts]
-
-    def row(i: int) -> BatchRow:
-        def on_done(exc=None) -> None:
-            assert exc is None
-            ended[i].set()
-
-        return BatchRow(prompts[i], _params(6), torch.Generator(),
-                        lambda event: tokens[i].append(event.token_id), threading.Event(),
-                        on_done)  # fmt: skip
-
+    rows = Rows(prompts, [6] * len(prompts))
     loop = ContinuousBatcher(engine, max_batch=4)
     try:
         for i in range(len(prompts)):
-            loop.submit(row(i))
+            loop.submit(rows.row(i))
             await asyncio.sleep(0.01)
-        for e in ended:
-            assert await asyncio.to_thread(e.wait, 60)
+        await rows.wait()
     finally:
         loop.close()
     assert loop.stats.groups == 1 and loop.stats.most_rows == 3
     for i, prompt in enumerate(prompts):
-        assert engine.decode(tokens[i]) == reference(local_model, prompt, 6)[0]
+        assert engine.decode(rows.tokens[i]) == reference(local_model, prompt, 6)[0]

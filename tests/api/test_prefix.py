@@ -12,7 +12,7 @@ from drift.api.app import ApiConfig, build_api_app
 from drift.api.prefix import SessionPool, common_prefix
 from drift.api.service import ServiceConfig
 from drift.api.swarm import swarm_engine
-from tests.api.apps import API_KEY, MESSAGES, MODEL_ID, reference
+from tests.api.apps import API_KEY, MESSAGES, MODEL_ID, Rows, reference
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -128,13 +128,7 @@ async def test_requests_sharing_a_held_prefix_are_forked_from_it(
     prefix's caches and compute only the rest of each prompt, the held session stays for
     its own conversation, and every answer equals local transformers'. A group sharing a
     prefix no session holds has it computed once, then held."""
-    import asyncio
-    import threading
-
-    import torch
-
     from drift.api.continuous import ContinuousBatcher
-    from drift.api.engine import BatchRow, GenerationParams
 
     system = "You are a helpful assistant who answers every question in one short line."
     swarm = await swarms.start(model_dir, [(0, 2), (2, 4)])
@@ -148,26 +142,14 @@ async def test_requests_sharing_a_held_prefix_are_forked_from_it(
     shared = min(common_prefix(prompts[0], p) for p in prompts[1:])
     assert shared >= 2 * max(len(p) - shared for p in prompts)  # a prefix worth forking
     n = 8
-    params = GenerationParams(max_new_tokens=n, temperature=0.0, top_p=1.0,
-                              presence_penalty=0.0, frequency_penalty=0.0, top_logprobs=None)  # fmt: skip
-    tokens: list[list[int]] = [[] for _ in prompts]
-    ended = [threading.Event() for _ in prompts]
-
-    def row(i: int) -> BatchRow:
-        def on_done(exc=None) -> None:
-            assert exc is None
-            ended[i].set()
-
-        return BatchRow(prompts[i], params, torch.Generator(),
-                        lambda event: tokens[i].append(event.token_id), threading.Event(),
-                        on_done)  # fmt: skip
+    rows = Rows(prompts, [n] * len(prompts))
+    tokens = rows.tokens
 
     async def run(*indices: int) -> list[int]:
         """Submit the rows together; the tokens each server computed for them."""
         before = await _tokens_computed(swarm)
-        loop.submit(*(row(i) for i in indices))
-        for i in indices:
-            assert await asyncio.to_thread(ended[i].wait, 60)
+        loop.submit(*(rows.row(i) for i in indices))
+        await rows.wait(*indices)
         return [a - b for a, b in zip(await _tokens_computed(swarm), before, strict=True)]
 
     loop = ContinuousBatcher(engine, max_batch=8)
