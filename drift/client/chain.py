@@ -78,19 +78,23 @@ class Chain:
                 if full:  # the servers that would cover the blocks have no room
                     raise list(full.values())[-1] from None
                 raise
-            opened: list[SpanState] = []
-            try:
-                for hop in hops:
-                    sock = await self.client.open_socket(hop, self.opener.open_msg(hop))
-                    opened.append(SpanState(hop, sock))
-                return opened
-            except DriftError as exc:
-                for span in opened:
-                    await span.socket.close()
+            socks, failed = await self.client.open_sockets(
+                [(hop, self.opener.open_msg(hop)) for hop in hops]
+            )
+            if not failed:
+                return [SpanState(hop, sock) for hop, sock in zip(hops, socks, strict=True)]
+            faults: list[tuple[Hop, DriftError]] = []
+            for hop, exc in failed:
+                if not isinstance(exc, DriftError):
+                    raise exc
                 if isinstance(exc, CacheFull):
                     full[hop.peer_id] = exc
-                    continue
-                attempts = self.client.count_failure(exc, hop, attempts)
+                else:
+                    faults.append((hop, exc))
+            for hop, exc in faults[1:]:  # every failed peer is noted, as one attempt
+                self.client.note_failure(exc, hop)
+            if faults:
+                attempts = self.client.count_failure(faults[0][1], faults[0][0], attempts)
 
     async def advance(self, chunk: Chunk, states: bool, awaited: dict[int, int] | None = None,
                       started: float = 0.0) -> bool:  # fmt: skip

@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Collection, Coroutine
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -115,6 +115,23 @@ class RemoteClient:
         sock = await transport.SpanSocket.open(self.http, hop, request, self.config)
         self.sockets.add(sock)
         return sock
+
+    async def open_sockets(
+        self, requests: Sequence[tuple[Hop, Any]]
+    ) -> tuple[list[transport.SpanSocket], list[tuple[Hop, BaseException]]]:
+        """Inference sockets to every hop at once (a chain opens in one round trip, not one
+        per hop): (the sockets in order, []) or, when any open failed, ([], each failed hop
+        with its error), every socket that did open closed again."""
+        opened = await asyncio.gather(*(self.open_socket(hop, req) for hop, req in requests),
+                                      return_exceptions=True)  # fmt: skip
+        socks = [s for s in opened if isinstance(s, transport.SpanSocket)]
+        failed = [(hop, e) for (hop, _), e in zip(requests, opened, strict=True)
+                  if isinstance(e, BaseException)]  # fmt: skip
+        if not failed:
+            return socks, []
+        for sock in socks:
+            await sock.close()
+        return [], failed
 
     @property
     def closed(self) -> bool:

@@ -12,7 +12,6 @@ them back there, in the caller's dtype. Sync methods wrap the async core."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 
 import torch
@@ -246,23 +245,19 @@ class InferenceSession:
     async def _forked(self, new: InferenceSession, tokens: int) -> list[SpanState]:
         """Every span's fork opened at once; all closed again if one is refused."""
 
-        async def one(span: SpanState) -> SpanState:
-            msg = dataclasses.replace(new.open_msg(span.hop), fork_of=span.socket.session_id,
-                                      fork_tokens=tokens)  # fmt: skip
-            sock = await self.client.open_socket(span.hop, msg)
-            return SpanState(span.hop, sock, fork_history(span.history, tokens, new.batch_size))
-
-        opened = await asyncio.gather(*(one(span) for span in self.spans),
-                                      return_exceptions=True)  # fmt: skip
-        spans = [s for s in opened if isinstance(s, SpanState)]
-        failed = next((e for e in opened if isinstance(e, BaseException)), None)
-        if failed is None and any(s.socket.holds != tokens for s in spans):
-            failed = BadRequest("a server did not fork the session (an older one)")
-        if failed is not None:
-            for span in spans:
-                await span.socket.close()
-            raise failed
-        return spans
+        socks, failed = await self.client.open_sockets([
+            (span.hop, dataclasses.replace(new.open_msg(span.hop),
+                                           fork_of=span.socket.session_id, fork_tokens=tokens))
+            for span in self.spans
+        ])  # fmt: skip
+        if failed:
+            raise failed[0][1]
+        if any(sock.holds != tokens for sock in socks):
+            for sock in socks:
+                await sock.close()
+            raise BadRequest("a server did not fork the session (an older one)")
+        return [SpanState(span.hop, sock, fork_history(span.history, tokens, new.batch_size))
+                for span, sock in zip(self.spans, socks, strict=True)]  # fmt: skip
 
     def close(self, *, wait: bool = True) -> None:
         """Close every span's socket (the servers free the caches); `wait=False` does not

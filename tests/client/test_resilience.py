@@ -82,3 +82,45 @@ async def test_peers_banned_a_moment_ago_are_waited_for_not_missing(tiny_dirs, s
     await swarm.stop(swarm.servers[1])
     await asyncio.to_thread(model.client.run, model.client.swarm.refresh(force=True))
     assert model.client.swarm.ban_wait(model.client.model_fingerprint, 2, 4) is None
+
+
+async def test_a_chain_whose_open_fails_on_one_hop_closes_the_others_and_routes_around(
+    tiny_dirs, swarm_model
+):
+    """A chain's sockets open at once; when one server refuses (here: busy), the sockets
+    that did open are closed again, that server is left for this try, and the next route
+    opens on a replica: identical tokens, and no session left behind anywhere."""
+    from drift.wire.errors import Busy
+
+    model_dir = tiny_dirs("llama")
+    local = load_reference(model_dir)
+    ids = torch.tensor([[2, 7, 1, 8, 2, 8]])
+    ref = local.generate(ids, max_new_tokens=6, do_sample=False)
+    swarm, model = await swarm_model(model_dir, [(0, 2), (2, 4), (2, 4)])
+    refused: list[str] = []
+    opened: dict[str, int] = {}
+    for s in swarm.servers:
+        sessions, peer = s.server.sessions, s.node.peer_id
+        open_session = sessions.open
+
+        async def counted(
+            *args, _open=open_session, _peer=peer, _start=s.server.backend.start_block, **kwargs
+        ):
+            if _start == 2 and not refused:  # the first [2, 4) server asked refuses, once
+                refused.append(_peer)
+                raise Busy("busy for this test")
+            opened[_peer] = opened.get(_peer, 0) + 1
+            return await _open(*args, **kwargs)
+
+        sessions.open = counted
+    out = await asyncio.to_thread(model.generate, ids, max_new_tokens=6, do_sample=False)
+    assert torch.equal(out, ref)
+    (busy,) = refused
+    first = next(s.node.peer_id for s in swarm.servers if s.server.backend.start_block == 0)
+    assert opened[first] == 2  # opened with the refusing server, closed, opened again
+    assert busy not in opened  # the route went around it
+    for _ in range(100):  # every socket closed, each server's session freed
+        if all(len(s.server.sessions.sessions) == 0 for s in swarm.servers):
+            break
+        await asyncio.sleep(0.05)
+    assert [len(s.server.sessions.sessions) for s in swarm.servers] == [0, 0, 0]
