@@ -13,7 +13,8 @@ token steps, relayed (client -> each server in turn) and pushed (client -> first
 last -> client); the step latency (client side, median), the servers' summed step time
 (their /metrics, the same steps), the links' part (step less compute, also in RTTs: n for
 relay, (n+1)/2 for push), push's bound: (n+1)/2 RTT + compute, + 10%, and the session's
-first step (opening it on every server, then the prefill: a time to first token). Then,
+first step (opening it on every server, then the prefill: a time to first token) and its
+close (every server's answer to it). Then,
 without delay, each wire form's bytes per step and its logit error against float32 on the
 wire (same greedy tokens fed to both, `--new` steps), and at the largest RTT the tokens/s of
 greedy generate() with and without prompt lookup on a prompt that repeats a paragraph.
@@ -247,10 +248,10 @@ def configure(model: Any, **fields: Any) -> None:
     model.client.config = dataclasses.replace(model.client.config, **fields)
 
 
-def decode_steps(model: Any, servers: Servers, new: int) -> tuple[float, float, float]:
+def decode_steps(model: Any, servers: Servers, new: int) -> tuple[float, float, float, float]:
     """(median client-side step seconds, servers' step seconds per step) of `new` one-token
-    steps after a prefill, in one session; and the seconds of its first step (opening the
-    session on every server, then the prefill)."""
+    steps after a prefill, in one session; the seconds of its first step (opening the
+    session on every server, then the prefill) and of closing it."""
     embed = model.get_input_embeddings()
     with torch.no_grad():
         session = model.open_session(max_length=PROMPT.shape[1] + new + 1)
@@ -267,8 +268,10 @@ def decode_steps(model: Any, servers: Servers, new: int) -> tuple[float, float, 
                 times.append(time.perf_counter() - started)
             compute = (servers.step_seconds() - before) / new
         finally:
+            started = time.perf_counter()
             session.close()
-    return statistics.median(times), compute, first
+            closed = time.perf_counter() - started
+    return statistics.median(times), compute, first, closed
 
 
 def teacher_forced(model: Any, ids: torch.Tensor, prompt_len: int) -> torch.Tensor:
@@ -341,7 +344,7 @@ def run(args: Any, rtts: list[float], servers: Servers, model: Any, directory: A
           f"{PROMPT.shape[1]}-token prefill, {args.rate_mbit:g} Mbit/s each way, medians of "
           f"{args.reps} interleaved runs", flush=True)  # fmt: skip
     print(f"{'RTT':>6} {'mode':<14} {'step ms':>8} {'compute':>8} {'links':>6} {'RTTs':>5} "
-          f"{'vs relay':>9} {'bound':>8}    {'open+prefill ms':>15}")  # fmt: skip
+          f"{'vs relay':>9} {'bound':>8}    {'open+prefill ms':>15} {'close ms':>8}")  # fmt: skip
     modes = {"relay": {"push": False}, "push": {"push": True},
              "push+float16": {"push": True, "wire_dtype": "float16"},
              "push+int8": {"push": True, "wire_dtype": "int8"}}  # fmt: skip
@@ -350,11 +353,13 @@ def run(args: Any, rtts: list[float], servers: Servers, model: Any, directory: A
         steps: dict[str, list[float]] = defaultdict(list)
         compute: dict[str, list[float]] = defaultdict(list)
         firsts: dict[str, list[float]] = defaultdict(list)
+        closes: dict[str, list[float]] = defaultdict(list)
         for _ in range(args.reps):
             for mode, fields in modes.items():
                 configure(model, **{"wire_dtype": None, **fields})
-                step_s, compute_s, first_s = decode_steps(model, servers, args.new)
+                step_s, compute_s, first_s, close_s = decode_steps(model, servers, args.new)
                 firsts[mode].append(first_s)
+                closes[mode].append(close_s)
                 steps[mode].append(step_s)
                 compute[mode].append(compute_s)
         relay = statistics.median(steps["relay"])
@@ -371,8 +376,9 @@ def run(args: Any, rtts: list[float], servers: Servers, model: Any, directory: A
             flag = f"{'':13}" if bound is None else (
                 f"{bound:8.1f} {'ok  ' if step_ms <= bound else 'OVER'}")  # fmt: skip
             first_ms = statistics.median(firsts[mode]) * 1e3
+            close_ms = statistics.median(closes[mode]) * 1e3
             print(f"{rtt:5.0f}ms {mode:<14} {step_ms:8.1f} {c_ms:8.1f} {links:6.1f} {in_rtts} "
-                  f"{step_ms / relay / 1e3:8.2f}x {flag} {first_ms:15.1f}", flush=True)  # fmt: skip
+                  f"{step_ms / relay / 1e3:8.2f}x {flag} {first_ms:15.1f} {close_ms:8.1f}", flush=True)  # fmt: skip
     servers.set_link(0, 0)
     compression(args, model)
     lookup(args, rtts[-1], servers, model, directory)

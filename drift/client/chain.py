@@ -18,7 +18,7 @@ from drift.client.handoff import follow_move
 from drift.client.remote import RemoteClient, slice_prompts
 from drift.client.routing import Hop
 from drift.client.step_inputs import Chunk, StepInputs
-from drift.client.transport import SpanSocket
+from drift.client.transport import SpanSocket, close_all
 from drift.wire import messages as m
 from drift.wire.errors import CacheFull, DriftError, MissingBlocks, PushRefused
 from drift.wire.extras import BLOCK_STATES
@@ -282,8 +282,7 @@ class Chain:
                 await self.replay(new_spans, failed.history, failed.hop.end_block)
                 break
             except DriftError as replay_exc:
-                for span in new_spans:
-                    await span.socket.close()
+                await close_all(span.socket for span in new_spans)
                 attempts = self.client.count_failure(replay_exc, new_spans[0].hop, attempts)
         self.spans[index : index + 1] = new_spans
 
@@ -300,6 +299,5 @@ class Chain:
                 shared.update(donated)
 
     async def close(self) -> None:
-        for span in self.spans:
-            await span.socket.close()
+        await close_all(span.socket for span in self.spans)
         self.spans = []

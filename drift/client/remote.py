@@ -129,8 +129,7 @@ class RemoteClient:
                   if isinstance(e, BaseException)]  # fmt: skip
         if not failed:
             return socks, []
-        for sock in socks:
-            await sock.close()
+        await transport.close_all(socks)
         return [], failed
 
     @property
@@ -349,7 +348,6 @@ def _shut_down(loop: LoopThread, http: aiohttp.ClientSession, sockets: Any, *,
 
 
 async def _close_connections(http: aiohttp.ClientSession, sockets: list[Any]) -> None:
-    for sock in sockets:
-        await sock.close()
+    await transport.close_all(sockets)
     if not http.closed:
         await http.close()

@@ -21,6 +21,7 @@ from drift.client.extras import Tensors
 from drift.client.remote import RemoteClient
 from drift.client.routing import Hop
 from drift.client.step_inputs import Chunk, StepInputs, fork_history, split_step, to_cpu
+from drift.client.transport import close_all
 from drift.wire import messages as m
 from drift.wire.errors import BadRequest, DriftError, LengthExceeded
 
@@ -253,8 +254,7 @@ class InferenceSession:
         if failed:
             raise failed[0][1]
         if any(sock.holds != tokens for sock in socks):
-            for sock in socks:
-                await sock.close()
+            await close_all(socks)
             raise BadRequest("a server did not fork the session (an older one)")
         return [SpanState(span.hop, sock, fork_history(span.history, tokens, new.batch_size))
                 for span, sock in zip(self.spans, socks, strict=True)]  # fmt: skip
