@@ -13,7 +13,9 @@ against local transformers on the same weights. The prompts go in one at a time 
 resident growth after them is the prompts' alone), then every session decodes at once. With
 `--together` every session starts its generate() at once instead (the sessions whose prompt is
 in decode while the others' prompt chunks queue on the servers: the load under which a client
-once gave up on a busy server); the count of servers the client gave up on is printed.
+once gave up on a busy server); the count of servers the clients gave up on is printed.
+`--clients N` spreads the sessions over N SDK clients (models) of their own, as separate
+processes or machines would be: none knows the calls the others have queued on a server.
 
     PYTHONPATH=. .venv/bin/python scripts/bench_kv_memory.py --sessions 8 --prompt 1000 --new 24
 """
@@ -59,6 +61,16 @@ def reserved(url: str) -> int:
     return int(info["cache_block_tokens_total"]) - int(info["cache_block_tokens_left"])
 
 
+def counting(note_failure: Any, failures: list[str]) -> Any:
+    """A client's note_failure that also records the peer it gave up on."""
+
+    def counted(exc: BaseException, hop: Any) -> None:
+        failures.append(hop.peer_id)
+        note_failure(exc, hop)
+
+    return counted
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2")
@@ -67,6 +79,8 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=24)
     parser.add_argument("--together", action="store_true",
                         help="send every session's prompt at once, not one at a time")  # fmt: skip
+    parser.add_argument("--clients", type=int, default=1,
+                        help="SDK clients the sessions are spread over (default: 1)")  # fmt: skip
     args = parser.parse_args()
     ckpt = open_checkpoint(args.model)
     text = ckpt.config.get_text_config()
@@ -88,19 +102,16 @@ def main() -> None:
     spans = [(0, n // 2), (n // 2, n)]
     with tempfile.TemporaryDirectory() as tmp:
         procs = ServerProcs(str(ckpt.path), spans, Path(tmp), flags)
-        model = None
+        models: list[Any] = []
         try:
-            model = AutoDistributedModelForCausalLM.from_pretrained(ckpt.path,
-                                                                    initial_peers=procs.token)  # fmt: skip
-            wait_covered(model, n)
-            failures: list[str] = []  # servers the client gave up on (a step timed out...)
-            note_failure = model.client.note_failure
-
-            def counted(exc: BaseException, hop: Any) -> None:
-                failures.append(hop.peer_id)
-                note_failure(exc, hop)
-
-            model.client.note_failure = counted  # type: ignore[method-assign]
+            failures: list[str] = []  # servers a client gave up on (a step timed out...)
+            for _ in range(args.clients):
+                models.append(AutoDistributedModelForCausalLM.from_pretrained(
+                    ckpt.path, initial_peers=procs.token))  # fmt: skip
+                wait_covered(models[-1], n)
+                models[-1].client.note_failure = counting(models[-1].client.note_failure,
+                                                          failures)  # fmt: skip
+            model = models[0]
             model.generate(prompts[0][:, :32], max_new_tokens=4, do_sample=False)  # warm-up
             before = [proc_kib(p.pid) for p in procs.procs]
             got: list[torch.Tensor | None] = [None] * args.sessions
@@ -112,6 +123,7 @@ def main() -> None:
             go = threading.Event()
 
             def user(i: int) -> None:
+                model = models[i % len(models)]
                 try:
                     with model.inference_session(max_length=length) as session:
                         if not args.together:
@@ -143,13 +155,14 @@ def main() -> None:
                 t.join()
             steps = procs.step_seconds()
         finally:
-            if model is not None:
-                model.close()
+            for m in models:
+                m.close()
             procs.stop()
     same = all(g is not None and torch.equal(g, w) for g, w in zip(got, want, strict=True))
     print(f"\n{args.model} float32, 2 servers {spans}, {args.sessions} sessions of "
           f"{args.prompt} prompt + {args.new} new tokens, all open (decode steps batched), "
-          f"{'every generate() at once' if args.together else 'prompts one at a time'}")  # fmt: skip
+          f"{'every generate() at once' if args.together else 'prompts one at a time'}, "
+          f"{args.clients} client(s)")  # fmt: skip
     print("| server | blocks | budget reserved | its K/V bytes | sessions' tokens' K/V | "
           "VmRSS growth: prompts in | then decoded | VmHWM growth | steps (count) |")  # fmt: skip
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")

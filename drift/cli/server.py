@@ -73,8 +73,9 @@ def add_server_options(p: argparse.ArgumentParser, *, num_blocks_default: str = 
         "--watchdog_s",
         type=float,
         default=30.0,
-        help="seconds queued work may wait for the compute thread before this server "
-        "announces itself degraded (routing avoids it) until its compute advances (default: 30)",
+        help="seconds one unit of work (a prompt chunk, a batch of steps) may run on the "
+        "compute thread before this server announces itself degraded (routing avoids it) "
+        "until that unit ends (default: 30)",
     )
     p.add_argument("--max_batch_size", type=int, default=8,
                    help="sequences per request or session (default: 8)")  # fmt: skip

@@ -223,7 +223,8 @@ class Chain:
         chain takes)."""
         peer, tokens = span.hop.peer_id, s.hidden.shape[0] * s.hidden.shape[1]
         with self.client.timeouts.waiting(peer, "step", tokens) as timeout_s:
-            reply = await span.socket.receive(step_id, timeout_s=timeout_s)
+            patience = self.client.patience(span.socket, timeout_s, started)
+            reply = await span.socket.receive(step_id, timeout_s=timeout_s, patience=patience)
         seconds = time.perf_counter() - started
         self.client.swarm.note_rtt(peer, seconds)
         self.client.timeouts.observe(peer, "step", tokens, seconds)
@@ -255,6 +256,7 @@ class Chain:
                 s.hidden, s.position, hypo_ids=s.hypo_ids, attention_mask=s.attention_mask,
                 prompts=slice_prompts(s.prompts, self.start_block, hop), extras=extras,
                 donate=donate, states=states, timeout_s=timeout_s,
+                patience=self.client.patience(span.socket, timeout_s, started),
             )  # fmt: skip
         seconds = time.perf_counter() - started
         span.lora_sent = True

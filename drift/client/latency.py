@@ -10,6 +10,12 @@ import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from drift.wire.progress import ComputeStatus
+
+# A server's unit of compute (a prompt chunk) is sized to take about `unit_s` at its pace
+# measured alone; on a shared host one may take a few times that before it counts as stuck.
+UNIT_SLACK = 4.0
+
 
 class LatencyEwma:
     """peer_id -> EWMA of observed seconds; the first sample is taken as is."""
@@ -103,6 +109,18 @@ class StepTimeouts:
             del calls[call]
             if not calls:
                 self._in_flight.pop(peer, None)
+
+    def more_wait(self, status: ComputeStatus | None, waited_s: float, window_s: float) -> float:
+        """Seconds more to wait for a call past its timeout, from the server's GET /compute
+        (None: it did not answer): another `window_s` while the server holds the call and
+        the unit of work it runs now has run no longer than its units take (a server busy
+        with other clients' work), never past max_s in all; else 0 (frozen, or the call is
+        not there)."""
+        if status is None or not status.pending:
+            return 0.0
+        if status.running_s > max(self.min_s, UNIT_SLACK * (status.unit_s or 0.0)):
+            return 0.0
+        return max(0.0, min(window_s, self.max_s - waited_s))
 
     def in_flight(self, peer: str) -> int:
         """Calls this client has in flight on `peer`."""

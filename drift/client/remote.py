@@ -116,6 +116,35 @@ class RemoteClient:
         self.sockets.add(sock)
         return sock
 
+    def patience(self, sock: transport.SpanSocket, window_s: float,
+                 started: float) -> transport.Patience:  # fmt: skip
+        """For a step on `sock` waited on since `started` (time.perf_counter()): past its
+        timeout, ask the server whether it still holds the step and its compute advances
+        (GET /compute); another `window_s` if so (up to step_timeout_s in all), else none.
+        Another client's long prompt ahead of the step is a busy server, not a failed one."""
+
+        async def more() -> float:
+            hop = sock.hop
+            try:
+                status = await transport.compute_status(self.http, hop, self.config,
+                                                        sock.session_id)  # fmt: skip
+            except DriftError as exc:  # unreachable, or a server without /compute
+                log.debug("%s did not say whether it is busy: %s", hop.peer_id, exc)
+                status = None
+            waited = time.perf_counter() - started
+            more_s = self.timeouts.more_wait(status, waited, window_s)
+            if more_s <= 0:
+                log.debug("%s: no more wait for the step after %.1f s (%s)", hop.peer_id,
+                          waited, status)  # fmt: skip
+            else:
+                log.info("%s is busy (its unit of work running %.1f s, %d queued): waiting "
+                         "%.1f s more for the step (%.1f s so far)", hop.peer_id,
+                         status.running_s if status else 0.0, status.waiting if status else 0,
+                         more_s, waited)  # fmt: skip
+            return more_s
+
+        return more
+
     async def open_sockets(
         self, requests: Sequence[tuple[Hop, Any]]
     ) -> tuple[list[transport.SpanSocket], list[tuple[Hop, BaseException]]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import aiohttp
@@ -27,6 +27,7 @@ from drift.wire.errors import DriftError, PeerUnavailable, from_payload
 from drift.wire.extend import ExtendSession, SessionExtended
 from drift.wire.frames import MEDIA_TYPE
 from drift.wire.handoff import raise_if_moved
+from drift.wire.progress import COMPUTE_PATH, ComputeStatus
 from drift.wire.step import StepRequest, StepResponse
 
 _RETRYABLE_CODES = {"peer_unavailable", "busy", "cache_full", "internal", "unknown_session"}
@@ -81,21 +82,26 @@ async def post_frame(
     config.request_timeout_s), decoded as `reply_cls` (expect: its from_wire's keyword checks,
     e.g. the blocks whose K/V were asked back)."""
     data, headers = _body(message, config, f"/{route}", hop.peer_id)
+    body = await _request(http, "POST", hop, f"/{route}", headers, config, timeout_s, data)
+    return codec.decode(reply_cls, body, message.hidden_states.dtype, **expect)
+
+
+async def _request(http: aiohttp.ClientSession, method: str, hop: Hop, path: str,
+                   headers: dict[str, str], config: ClientConfig, timeout_s: float | None,
+                   data: bytes | None = None) -> bytes:  # fmt: skip
+    """The body of a 200 reply, its swarm-key signature checked; a server's error as the
+    DriftError it names; PeerUnavailable if the peer cannot be reached in time."""
     try:
-        async with http.post(
-            f"{hop.addr}/{route}",
-            data=data,
-            headers=headers,
-            timeout=_timeout(config, timeout_s),
-            ssl=peer_ssl(hop.peer_id),
-        ) as resp:
+        async with http.request(method, f"{hop.addr}{path}", data=data, headers=headers,
+                                timeout=_timeout(config, timeout_s),
+                                ssl=peer_ssl(hop.peer_id)) as resp:  # fmt: skip
             await _raise_for_reply(resp, hop)
             body = await resp.read()
             check_reply(config.swarm_key, headers, resp.status, resp.headers, body,
                         what=f"{hop.peer_id} at {hop.addr}")  # fmt: skip
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         raise PeerUnavailable(f"{hop.peer_id} at {hop.addr}: {exc!r}", peer_id=hop.peer_id) from exc
-    return codec.decode(reply_cls, body, message.hidden_states.dtype, **expect)
+    return body
 
 
 async def forward(
@@ -127,6 +133,24 @@ async def backward(
                             adapter)  # fmt: skip
     return await post_frame(http, hop, "backward", req, m.BackwardResponse, config, timeout_s,
                             extras=tuple(req.extras))  # fmt: skip
+
+
+async def compute_status(http: aiohttp.ClientSession, hop: Hop, config: ClientConfig,
+                         session_id: str) -> ComputeStatus:  # fmt: skip
+    """GET /compute: the server's compute thread now and whether session `session_id` has a
+    step there (drift.wire.progress), within min_step_timeout_s; PeerUnavailable if it does
+    not answer."""
+    path = f"{COMPUTE_PATH}?session={session_id}"
+    headers = auth_headers(config.swarm_key, "GET", path, peer_id=hop.peer_id)
+    body = await _request(http, "GET", hop, path, headers, config, config.min_step_timeout_s)
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise PeerUnavailable(f"{hop.peer_id}: /compute is not JSON", peer_id=hop.peer_id) from exc
+    return ComputeStatus.from_wire(obj)
+
+
+Patience = Callable[[], Awaitable[float]]  # past a step's timeout: seconds more to wait (0: none)
 
 
 class SpanSocket:
@@ -228,13 +252,15 @@ class SpanSocket:
         hypo_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
         prompts: torch.Tensor | None = None, extras: dict[str, torch.Tensor] | None = None,
         donate: tuple[int, ...] = (), states: bool = False, timeout_s: float | None = None,
+        patience: Patience | None = None,
     ) -> StepResponse:  # fmt: skip
         """One step; PeerUnavailable if no reply comes within `timeout_s` (default: the
-        config's step_timeout_s)."""
+        config's step_timeout_s) and the time `patience` grants past it."""
         req = StepRequest(self.next_step_id(), position, hidden, hypo_ids, attention_mask,
                           prompts, extras or {}, donate, states)  # fmt: skip
         await self.send(req)
-        return await self.receive(req.step_id, donate=donate, states=states, timeout_s=timeout_s)
+        return await self.receive(req.step_id, donate=donate, states=states, timeout_s=timeout_s,
+                                  patience=patience)  # fmt: skip
 
     async def send(self, req: StepRequest) -> None:
         """Send a step (its `next_hops`: the spans its output is pushed on to)."""
@@ -245,15 +271,26 @@ class SpanSocket:
 
     async def receive(
         self, step_id: int, *, donate: tuple[int, ...] = (), states: bool = False,
-        timeout_s: float | None = None,
+        timeout_s: float | None = None, patience: Patience | None = None,
     ) -> StepResponse:  # fmt: skip
         """The reply to step `step_id` (older ones, of a push given up on, are skipped); its
-        `pushed` / `push_error` say whether the server pushed it on."""
+        `pushed` / `push_error` say whether the server pushed it on. Past `timeout_s`,
+        `patience` (if given) says how much longer to wait: a server busy with other
+        clients' work is not left as failed."""
         timeout = self.config.step_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
         n_states = self.hop.end_block - self.hop.start_block if states else 0
         while True:
-            msg = await self._receive(max(deadline - time.monotonic(), 0.001))
+            try:
+                msg = await self._receive(max(deadline - time.monotonic(), 0.001))
+            except PeerUnavailable as exc:
+                if patience is None or not isinstance(exc.__cause__, asyncio.TimeoutError):
+                    raise
+                more = await patience()
+                if more <= 0:
+                    raise
+                deadline = time.monotonic() + more
+                continue
             if msg.type == aiohttp.WSMsgType.TEXT:
                 kind, obj = codec.read_text(msg.data)
                 if _older(codec.text_step_id(obj), step_id):

@@ -12,7 +12,6 @@ import asyncio
 import functools
 import weakref
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import torch
@@ -20,6 +19,7 @@ import torch
 from drift.models.batch import BatchStep, run_steps
 from drift.models.memory import trim_heap
 from drift.server.chunks import forward_chunks, merge_grad_prompts, row_groups
+from drift.server.compute_thread import ComputeThread
 from drift.wire.checks import dtype_name
 from drift.wire.errors import BadRequest, Busy, ModelMismatch, PayloadTooLarge, SpanNotServed
 from drift.wire.extras import ExtraSpec
@@ -54,7 +54,7 @@ class SpanBackend:
         self.decode: Any = None
         self.decode_status: dict[str, Any] = {"mode": "eager", "reason": "--compile off"}
         # One worker per device: torch work never blocks the event loop, and runs in order.
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drift-compute")
+        self.executor = ComputeThread()
         self.unloaded: str | None = None  # why compute is refused: the weights were freed
         self.trim: Callable[[], None] = trim_heap  # returns freed heap memory to the OS
         # sessions whose last step was a prompt: their next step trims its memory too
@@ -63,6 +63,14 @@ class SpanBackend:
     @property
     def n_blocks(self) -> int:
         return self.end_block - self.start_block
+
+    @property
+    def unit_s(self) -> float | None:
+        """Seconds one unit of compute-thread work (a chunk of `chunk_tokens` tokens through
+        every block held) takes at the measured pace; None where it was not measured."""
+        if not self.pace:
+            return None
+        return self.chunk_tokens * self.n_blocks / self.pace
 
     def extra_spec(self, start_block: int, end_block: int) -> ExtraSpec:
         """What a request for [start_block, end_block) carries beside hidden_states (Gemma 4):

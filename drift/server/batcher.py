@@ -130,6 +130,7 @@ class StepBatcher:
                     items, self._queue, self._scheduled = self._queue, [], False
             live = [item for item in items if item.future.set_running_or_notify_cancel()]
             for group in self._groups(live):
+                self.backend.executor.progressed()  # each group is timed as a unit of its own
                 self.backend.chunks_run += 1
                 self.sizes.observe(len(group))
                 self._run(group)

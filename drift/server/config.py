@@ -33,8 +33,8 @@ class ServerConfig:
     # is bounded only by the budget and inference_max_length. Clients that prove the swarm
     # key (a private swarm's own) are not limited.
     client_cache_share: float = 0.5
-    # seconds work queued for the compute thread may wait before the server announces itself
-    # degraded (routing avoids it) until its compute advances again
+    # seconds one unit of work may run on the compute thread before the server announces
+    # itself degraded (routing avoids it) until that unit ends
     watchdog_s: float = 30.0
     max_batch_size: int = 8  # sequences per request or session
     inference_max_length: int = 2048  # tokens: largest max_length a session may open

@@ -40,6 +40,7 @@ from drift.wire.messages import (
     ForwardRequest,
     OpenSession,
 )
+from drift.wire.progress import COMPUTE_PATH, ComputeStatus
 from drift.wire.version import PROTOCOL_VERSION
 
 log = logging.getLogger(__name__)
@@ -49,13 +50,15 @@ _Req = TypeVar("_Req", ForwardRequest, BackwardRequest)
 
 
 def add_server_routes(app: web.Application, server: BlockServer) -> None:
-    """Mount /blocks, /forward, /backward, /inference, /push and /metrics; own the reaper loop."""
+    """Mount /blocks, /forward, /backward, /inference, /push, /compute and /metrics; own the
+    reaper loop."""
     app[BLOCK_SERVER] = server
     app.router.add_get("/blocks", _counted(server, "/blocks", _blocks))
     app.router.add_post("/forward", _counted(server, "/forward", _forward))
     app.router.add_post("/backward", _counted(server, "/backward", _backward))
     app.router.add_get("/inference", _counted(server, "/inference", _inference))
     app.router.add_get("/metrics", _counted(server, "/metrics", _metrics))
+    app.router.add_get(COMPUTE_PATH, _counted(server, COMPUTE_PATH, _compute_status))
     add_push_route(app, server)
     add_handoff_route(app, server)
     app.cleanup_ctx.append(_lifecycle)
@@ -82,6 +85,17 @@ def _counted(server: BlockServer, route: str, handler: Handler) -> Handler:
 
 async def _blocks(request: web.Request) -> web.Response:
     return web.json_response(request.app[BLOCK_SERVER].describe().to_wire())
+
+
+async def _compute_status(request: web.Request) -> web.Response:
+    """GET /compute[?session=ID]: the compute thread now (drift.wire.progress), and whether
+    session ID has a step here (queued or running); an unknown ID has none."""
+    server = request.app[BLOCK_SERVER]
+    backend, session_id = server.backend, request.query.get("session", "")
+    session = server.sessions.sessions.get(session_id) if session_id else None
+    status = ComputeStatus(round(backend.executor.running_s(), 3), backend.executor.waiting,
+                           backend.unit_s, session is not None and session.lock.locked())  # fmt: skip
+    return web.json_response(status.to_wire())
 
 
 async def _metrics(request: web.Request) -> web.Response:

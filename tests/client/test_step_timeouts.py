@@ -60,3 +60,23 @@ def test_bad_settings_are_refused():
         StepTimeouts(factor=0.5, min_s=2, max_s=60)
     with pytest.raises(ValueError, match="min_s <= max_s"):
         StepTimeouts(factor=10, min_s=70, max_s=60)
+
+
+def test_past_its_timeout_a_call_waits_on_only_while_the_server_holds_it_and_advances():
+    from drift.wire.progress import ComputeStatus
+
+    t = timeouts()
+
+    def status(running_s: float, unit_s: float | None = 0.1, pending: bool = True):
+        return ComputeStatus(running_s, 3, unit_s, pending)
+
+    assert t.more_wait(status(0.5), waited_s=2.0, window_s=2.0) == 2.0  # busy: another window
+    assert t.more_wait(status(0.5), waited_s=59.0, window_s=2.0) == pytest.approx(1.0)  # max_s
+    assert t.more_wait(status(0.5), waited_s=61.0, window_s=2.0) == 0.0
+    assert t.more_wait(None, waited_s=2.0, window_s=2.0) == 0.0  # no answer: left
+    assert t.more_wait(status(0.5, pending=False), 2.0, 2.0) == 0.0  # the step is not there
+    assert t.more_wait(status(2.5), 2.0, 2.0) == 0.0  # a unit running past min_s: stuck
+    # a span whose units take 1.5 s at its measured pace: one may run 4x that
+    assert t.more_wait(status(5.0, unit_s=1.5), 2.0, 2.0) == 2.0
+    assert t.more_wait(status(6.5, unit_s=1.5), 2.0, 2.0) == 0.0
+    assert t.more_wait(status(1.0, unit_s=None), 2.0, 2.0) == 2.0  # pace unknown: min_s

@@ -34,3 +34,49 @@ async def test_client_transport_round_trip(servers, tiny_llama):
         assert orjson.loads((await sock.ws.receive()).data)["type"] == "session_closed"
         await sock.close()
     assert running.server.budget.used == 0
+
+
+async def test_compute_status_says_whether_a_session_has_a_step_here(servers, tiny_llama):
+    """GET /compute (drift.wire.progress) on a real server in a private swarm: signed
+    requests only; `pending` while the session's step waits behind a unit of other work."""
+    import asyncio
+    import threading
+
+    from drift.client.transport import compute_status
+    from drift.wire.errors import DriftError
+
+    key = "compute-status-test-key"
+    running = await servers(tiny_llama, 0, 2, swarm_key=key)
+    backend = running.server.backend
+    hop = Hop(running.node.peer_id, running.url, 0, 2)
+    config = ClientConfig(swarm_key=key)
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{running.url}/compute") as resp:  # unsigned: refused
+            assert resp.status == 401, await resp.text()
+        try:
+            await compute_status(http, hop, ClientConfig(swarm_key="another key"), "x")
+            raise AssertionError("a wrong swarm key must be refused")
+        except DriftError as exc:
+            assert exc.status == 403  # wrong swarm key (HMAC mismatch)
+        sock = await SpanSocket.open(
+            http, hop, m.OpenSession(backend.fingerprint, 0, 2, 8, 1, "float32"), config
+        )
+        idle = await compute_status(http, hop, config, sock.session_id)
+        assert (idle.running_s, idle.waiting, idle.pending) == (0.0, 0, False)
+        assert idle.unit_s is not None and idle.unit_s > 0
+        release = threading.Event()
+        blocker = backend.executor.submit(release.wait, 30)  # other work holds the thread
+        try:
+            step = asyncio.ensure_future(sock.step(torch.randn(1, 3, 64), 0))
+            await asyncio.sleep(0.3)
+            busy = await compute_status(http, hop, config, sock.session_id)
+            assert busy.pending and busy.running_s >= 0.25 and busy.waiting >= 1
+            other = await compute_status(http, hop, config, "no-such-session")
+            assert not other.pending
+        finally:
+            release.set()
+        await asyncio.wait_for(step, 10)
+        blocker.result(10)
+        done = await compute_status(http, hop, config, sock.session_id)
+        assert not done.pending and done.running_s == 0.0
+        await sock.close()
