@@ -16,6 +16,7 @@ each server once: prefill == prompt length), and whether the tokens equal local'
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import statistics
@@ -34,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_client import ServerProcs, wait_covered  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from drift.client import AutoDistributedModelForCausalLM  # noqa: E402
+from drift.client import AutoDistributedModelForCausalLM, ClientConfig  # noqa: E402
 from drift.models.checkpoint import open_checkpoint  # noqa: E402
 
 
@@ -92,7 +93,12 @@ def main() -> None:
     parser.add_argument("--threads", default="default",
                         help="compute threads per process: 'default' (none set: as users run "
                         "it) or a number (default: default)")  # fmt: skip
+    parser.add_argument("--prefill_chunk_tokens", type=int, default=None,
+                        help="the client's prefill chunk (default: ClientConfig's)")  # fmt: skip
     args = parser.parse_args()
+    config = ClientConfig()
+    if args.prefill_chunk_tokens is not None:
+        config = dataclasses.replace(config, prefill_chunk_tokens=args.prefill_chunk_tokens)
     if args.threads == "default" and os.environ.get("OMP_NUM_THREADS"):
         args.threads = os.environ["OMP_NUM_THREADS"]  # what this shell asks for, everywhere
     if args.threads != "default":
@@ -110,8 +116,8 @@ def main() -> None:
                             threads=args.threads)  # fmt: skip
         model = None
         try:
-            model = AutoDistributedModelForCausalLM.from_pretrained(ckpt.path,
-                                                                    initial_peers=procs.token)  # fmt: skip
+            model = AutoDistributedModelForCausalLM.from_pretrained(
+                ckpt.path, initial_peers=procs.token, client_config=config)  # fmt: skip
             wait_covered(model, n)
             warm = torch.randint(0, vocab, (1, 32), generator=torch.Generator().manual_seed(1))
             timed(model, warm, 3)

@@ -16,6 +16,8 @@ from drift.wire.errors import BadRequest
 
 
 class _GemmaBase(LlamaLikeAdapter):
+    attn_implementation: ClassVar[str] = "sdpa"  # transformers' masks for every chunk
+
     def embed_scale(self) -> float | None:
         return float(self.config.hidden_size) ** 0.5
 

@@ -7,7 +7,7 @@ latent attention and dense-vs-MoE by absolute layer_idx live inside the model's 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -18,6 +18,7 @@ from drift.models.adapters.base import (
     first_of_each_type,
     register,
 )
+from drift.models.attention import DRIFT_SDPA, AfterPast
 
 
 @register("llama", "qwen2", "qwen3", "deepseek_v3")
@@ -29,8 +30,17 @@ class LlamaLikeAdapter(Adapter):
         aux.rotary_emb = self.model_class("RotaryEmbedding")(config=self.config)
         return aux
 
+    attn_implementation: ClassVar[str] = DRIFT_SDPA  # SDPA, and chunks after a past maskless
+
     def prepare(self, aux: torch.nn.Module, hidden: torch.Tensor, ctx: RunContext) -> Any:
-        masks = build_masks(self.config, first_of_each_type(self, ctx.layer_ids), hidden, ctx)
+        kinds = first_of_each_type(self, ctx.layer_ids)
+        takes = self.attn_implementation == DRIFT_SDPA and "full_attention" in kinds
+        after = after_past(hidden, ctx) if takes else None
+        if after is not None:  # drift.models.attention: no [T, past + T] mask to build or read
+            kinds.pop("full_attention")
+        masks = build_masks(self.config, kinds, hidden, ctx)
+        if after is not None:
+            masks["full_attention"] = after
         rotary = aux.get_submodule("rotary_emb")(hidden, ctx.position_ids)
         return masks, rotary
 
@@ -56,3 +66,14 @@ class MistralLikeAdapter(LlamaLikeAdapter):
         if getattr(self.config, "sliding_window", None) is not None:
             return "sliding_attention"
         return "full_attention"
+
+
+def after_past(hidden: torch.Tensor, ctx: RunContext) -> AfterPast | None:
+    """The mask of a prompt chunk after a cached past with no padding, on the CPU, as the
+    sentinel drift.models.attention takes; None where transformers' mask is needed."""
+    tokens = int(hidden.shape[1])
+    past = int(ctx.mask_2d.shape[1]) - tokens
+    if (tokens < 2 or past < 1 or ctx.cache is None or hidden.device.type != "cpu"
+            or not bool(ctx.mask_2d.all())):  # fmt: skip
+        return None
+    return AfterPast(past, tokens)
