@@ -25,12 +25,12 @@ from drift.models.attention import DRIFT_SDPA, AfterPast
 class LlamaLikeAdapter(Adapter):
     """Layers called as layer(h, attention_mask=, position_embeddings=, position_ids=, cache=)."""
 
+    attn_implementation: ClassVar[str] = DRIFT_SDPA  # SDPA, and chunks after a past maskless
+
     def build_aux(self) -> torch.nn.Module:
         aux = torch.nn.Module()
         aux.rotary_emb = self.model_class("RotaryEmbedding")(config=self.config)
         return aux
-
-    attn_implementation: ClassVar[str] = DRIFT_SDPA  # SDPA, and chunks after a past maskless
 
     def prepare(self, aux: torch.nn.Module, hidden: torch.Tensor, ctx: RunContext) -> Any:
         kinds = first_of_each_type(self, ctx.layer_ids)
