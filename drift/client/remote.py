@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import secrets
 import threading
 import time
 import weakref
@@ -30,6 +31,7 @@ from drift.client.config import ClientConfig
 from drift.client.extras import Tensors, add_grads, hop_extras
 from drift.client.latency import StepTimeouts
 from drift.client.loop import LoopThread
+from drift.client.patience import patience_for, patiently
 from drift.client.resolve import ModelOrigin, check_served
 from drift.client.routing import (
     Hop,
@@ -119,31 +121,9 @@ class RemoteClient:
     def patience(self, sock: transport.SpanSocket, window_s: float,
                  started: float) -> transport.Patience:  # fmt: skip
         """For a step on `sock` waited on since `started` (time.perf_counter()): past its
-        timeout, ask the server whether it still holds the step and its compute advances
-        (GET /compute); another `window_s` if so (up to step_timeout_s in all), else none.
-        Another client's long prompt ahead of the step is a busy server, not a failed one."""
-
-        async def more() -> float:
-            hop = sock.hop
-            try:
-                status = await transport.compute_status(self.http, hop, self.config,
-                                                        sock.session_id)  # fmt: skip
-            except DriftError as exc:  # unreachable, or a server without /compute
-                log.debug("%s did not say whether it is busy: %s", hop.peer_id, exc)
-                status = None
-            waited = time.perf_counter() - started
-            more_s = self.timeouts.more_wait(status, waited, window_s)
-            if more_s <= 0:
-                log.debug("%s: no more wait for the step after %.1f s (%s)", hop.peer_id,
-                          waited, status)  # fmt: skip
-            else:
-                log.info("%s is busy (its unit of work running %.1f s, %d queued): waiting "
-                         "%.1f s more for the step (%.1f s so far)", hop.peer_id,
-                         status.running_s if status else 0.0, status.waiting if status else 0,
-                         more_s, waited)  # fmt: skip
-            return more_s
-
-        return more
+        timeout, ask the server whether it still holds the step (drift.client.patience)."""
+        return patience_for(self.http, self.config, self.timeouts, sock.hop, window_s, started,
+                            session_id=sock.session_id)  # fmt: skip
 
     async def open_sockets(
         self, requests: Sequence[tuple[Hop, Any]]
@@ -230,13 +210,24 @@ class RemoteClient:
 
     async def _timed(self, hop: Hop, kind: str, hidden: torch.Tensor,
                      call: Callable[..., Awaitable[T]]) -> T:  # fmt: skip
-        """Await `call(timeout_s=...)` with the peer's reply timeout for this request (a few
-        times its measured pace, counting what this client has in flight there) and feed its
-        duration to the peer's timeouts."""
+        """Await `call(timeout_s=..., call_id=...)` within the peer's reply timeout for this
+        request (a few times its measured pace, counting what this client has in flight
+        there), longer while the server says it is serving the call (GET /compute?call=: its
+        compute advances on other clients' work ahead of it), and feed its duration to the
+        peer's timeouts. PeerUnavailable when the wait ends."""
         tokens = hidden.shape[0] * hidden.shape[1]
+        call_id = secrets.token_hex(8)
         with self.timeouts.waiting(hop.peer_id, kind, tokens) as timeout_s:
             started = time.perf_counter()
-            result = await call(timeout_s=timeout_s)
+            # past its timeout the call goes on while the server says it is serving it
+            # (another client's work ahead of it), never past step_timeout_s in all
+            task = asyncio.ensure_future(
+                call(timeout_s=max(timeout_s, self.config.step_timeout_s), call_id=call_id)
+            )
+            more = patience_for(self.http, self.config, self.timeouts, hop, timeout_s, started,
+                                call_id=call_id)  # fmt: skip
+            result = await patiently(task, timeout_s, more, f"{hop.peer_id}: no {kind} reply",
+                                     hop.peer_id)  # fmt: skip
         self.timeouts.observe(hop.peer_id, kind, tokens, time.perf_counter() - started)
         return result
 

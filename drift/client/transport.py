@@ -27,7 +27,7 @@ from drift.wire.errors import DriftError, PeerUnavailable, from_payload
 from drift.wire.extend import ExtendSession, SessionExtended
 from drift.wire.frames import MEDIA_TYPE
 from drift.wire.handoff import raise_if_moved
-from drift.wire.progress import COMPUTE_PATH, ComputeStatus
+from drift.wire.progress import CALL_HEADER, COMPUTE_PATH, ComputeStatus
 from drift.wire.step import StepRequest, StepResponse
 
 _RETRYABLE_CODES = {"peer_unavailable", "busy", "cache_full", "internal", "unknown_session"}
@@ -76,12 +76,15 @@ async def post_frame(
     reply_cls: Any,
     config: ClientConfig,
     timeout_s: float | None = None,
+    call_id: str | None = None,
     **expect: Any,
 ) -> Any:
     """POST `message` as a frame; the reply within `timeout_s` (default:
     config.request_timeout_s), decoded as `reply_cls` (expect: its from_wire's keyword checks,
-    e.g. the blocks whose K/V were asked back)."""
+    e.g. the blocks whose K/V were asked back); `call_id` names the call for GET /compute."""
     data, headers = _body(message, config, f"/{route}", hop.peer_id)
+    if call_id:
+        headers[CALL_HEADER] = call_id
     body = await _request(http, "POST", hop, f"/{route}", headers, config, timeout_s, data)
     return codec.decode(reply_cls, body, message.hidden_states.dtype, **expect)
 
@@ -110,6 +113,7 @@ async def forward(
     attention_mask: torch.Tensor | None = None, prompts: torch.Tensor | None = None,
     extras: dict[str, torch.Tensor] | None = None, donate: tuple[int, ...] = (),
     states: bool = False, timeout_s: float | None = None, adapter: str | None = None,
+    call_id: str | None = None,
 ) -> m.ForwardResponse:  # fmt: skip
     """`states`: the reply also carries each block's output (extras.BLOCK_STATES);
     `adapter`: a served LoRA adapter to apply."""
@@ -117,7 +121,7 @@ async def forward(
                            extras or {}, donate, states, adapter)  # fmt: skip
     n_states = hop.end_block - hop.start_block if states else 0
     return await post_frame(http, hop, "forward", req, m.ForwardResponse, config, timeout_s,
-                            donate=donate, states=n_states)  # fmt: skip
+                            call_id, donate=donate, states=n_states)  # fmt: skip
 
 
 async def backward(
@@ -126,21 +130,21 @@ async def backward(
     attention_mask: torch.Tensor | None = None, prompts: torch.Tensor | None = None,
     extras: dict[str, torch.Tensor] | None = None,
     grad_extras: dict[str, torch.Tensor] | None = None, timeout_s: float | None = None,
-    adapter: str | None = None,
+    adapter: str | None = None, call_id: str | None = None,
 ) -> m.BackwardResponse:  # fmt: skip
     req = m.BackwardRequest(model, hop.start_block, hop.end_block, hidden, grad_outputs,
                             attention_mask, prompts, extras or {}, grad_extras or {},
                             adapter)  # fmt: skip
     return await post_frame(http, hop, "backward", req, m.BackwardResponse, config, timeout_s,
-                            extras=tuple(req.extras))  # fmt: skip
+                            call_id, extras=tuple(req.extras))  # fmt: skip
 
 
-async def compute_status(http: aiohttp.ClientSession, hop: Hop, config: ClientConfig,
-                         session_id: str) -> ComputeStatus:  # fmt: skip
+async def compute_status(http: aiohttp.ClientSession, hop: Hop, config: ClientConfig, *,
+                         session_id: str = "", call_id: str = "") -> ComputeStatus:  # fmt: skip
     """GET /compute: the server's compute thread now and whether session `session_id` has a
-    step there (drift.wire.progress), within min_step_timeout_s; PeerUnavailable if it does
-    not answer."""
-    path = f"{COMPUTE_PATH}?session={session_id}"
+    step there, or call `call_id` is being served (drift.wire.progress), within
+    min_step_timeout_s; PeerUnavailable if it does not answer."""
+    path = f"{COMPUTE_PATH}?" + (f"session={session_id}" if session_id else f"call={call_id}")
     headers = auth_headers(config.swarm_key, "GET", path, peer_id=hop.peer_id)
     body = await _request(http, "GET", hop, path, headers, config, config.min_step_timeout_s)
     try:

@@ -40,7 +40,7 @@ from drift.wire.messages import (
     ForwardRequest,
     OpenSession,
 )
-from drift.wire.progress import COMPUTE_PATH, ComputeStatus
+from drift.wire.progress import CALL_HEADER, COMPUTE_PATH, MAX_CALL_ID, ComputeStatus
 from drift.wire.version import PROTOCOL_VERSION
 
 log = logging.getLogger(__name__)
@@ -88,13 +88,17 @@ async def _blocks(request: web.Request) -> web.Response:
 
 
 async def _compute_status(request: web.Request) -> web.Response:
-    """GET /compute[?session=ID]: the compute thread now (drift.wire.progress), and whether
-    session ID has a step here (queued or running); an unknown ID has none."""
+    """GET /compute[?session=ID | ?call=ID]: the compute thread now (drift.wire.progress),
+    and whether session ID has a step here (queued or running), or the /forward or /backward
+    call named ID is being served; an unknown ID has none."""
     server = request.app[BLOCK_SERVER]
     backend, session_id = server.backend, request.query.get("session", "")
     session = server.sessions.sessions.get(session_id) if session_id else None
+    pending = (session is not None and session.lock.locked()) or (
+        request.query.get("call", "") in server.calls
+    )
     status = ComputeStatus(round(backend.executor.running_s(), 3), backend.executor.waiting,
-                           backend.unit_s, session is not None and session.lock.locked())  # fmt: skip
+                           backend.unit_s, pending)  # fmt: skip
     return web.json_response(status.to_wire())
 
 
@@ -114,8 +118,23 @@ async def _backward(request: web.Request) -> web.Response:
 async def _compute(
     request: web.Request, kind: type[_Req], run: Callable[[SpanBackend, _Req], Awaitable[Any]]
 ) -> web.Response:
-    """/forward and /backward: parse `kind` (frame or JSON), run it, time it, reply in kind."""
+    """/forward and /backward: parse `kind` (frame or JSON), run it, time it, reply in kind.
+    A call named by its CALL_HEADER counts as being served (GET /compute?call=) meanwhile."""
     server = request.app[BLOCK_SERVER]
+    call = request.headers.get(CALL_HEADER, "")[:MAX_CALL_ID]
+    if not call:
+        return await _served(request, server, kind, run)
+    server.calls.add(call)
+    try:
+        return await _served(request, server, kind, run)
+    finally:
+        server.calls.discard(call)
+
+
+async def _served(
+    request: web.Request, server: BlockServer, kind: type[_Req],
+    run: Callable[[SpanBackend, _Req], Awaitable[Any]],
+) -> web.Response:  # fmt: skip
     started = time.perf_counter()
     if request.content_type == "application/json":
         limit, name = server.config.max_json_bytes, "max_json_bytes (plain-JSON bodies)"

@@ -57,6 +57,7 @@ class BlockServer:
                                                 lambda: self.sessions.batcher.drains_failed),
         })  # fmt: skip
         self.sockets: set[web.WebSocketResponse] = set()  # inference sockets and push links
+        self.calls: set[str] = set()  # ids of the named /forward, /backward calls being served
         self.links = PeerLinks()  # the links this server pushes steps over
         self.handoff = HandoffHub()  # sessions handed over (drift.server.handoff)
         self.state = "online"

@@ -1,8 +1,8 @@
 """GET /compute: whether a server's compute thread advances, and whether it holds a step of
 a given session.
 
-A client whose step has not come back within its timeout asks the server (by HTTP, beside
-the session's socket) before leaving it as failed: a server busy with other clients' work
+A client whose step (or named /forward or /backward call) has not come back within its
+timeout asks the server (by HTTP, beside the session's socket) before leaving it as failed: a server busy with other clients' work
 answers that its running unit began recently and that the step is there; a frozen one
 (a unit running far longer than its units take) or one that lost the step does not. Knows
 nothing about sockets or threads.
@@ -19,6 +19,10 @@ from drift.wire.version import PROTOCOL_VERSION
 
 COMPUTE_PATH = "/compute"
 STATUS = "compute_status"
+# A /forward or /backward request may name itself (a random token of at most 64 characters)
+# so that GET /compute?call=ID says whether it is still being served.
+CALL_HEADER = "X-Drift-Call"
+MAX_CALL_ID = 64
 
 
 def _seconds(obj: dict[str, Any], name: str, *, optional: bool = False) -> float | None:
@@ -34,7 +38,8 @@ def _seconds(obj: dict[str, Any], name: str, *, optional: bool = False) -> float
 class ComputeStatus:
     """The compute thread now: how long its running unit has run (0: idle), how many units
     wait behind it, how long one unit of this span should take at most (None: its pace was
-    not measured), and whether the asked session has a step here (queued or running)."""
+    not measured), and whether the asked session has a step here (queued or running), or
+    the asked call is still being served."""
 
     running_s: float
     waiting: int

@@ -170,3 +170,40 @@ async def test_a_server_busy_with_another_clients_prompts_is_not_left(tiny_dirs,
     assert torch.equal(out, ref)
     assert all(p is not None and torch.equal(p, r) for p, r in zip(prompted, refs, strict=True))
     assert banned == []  # no client gave up on the busy server
+
+
+async def test_a_forward_behind_another_clients_forwards_is_not_left(tiny_dirs, swarms,
+                                                                     sdk_models):  # fmt: skip
+    """The same for /forward (training, scoring: no session): the call names itself
+    (X-Drift-Call) and, past its timeout, the client asks whether the server is still
+    serving it (GET /compute?call=) before leaving the server as failed."""
+    model_dir = tiny_dirs("llama")
+    prompts, ids, _, _ = busy_case(model_dir, seed=2)
+    local = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = local(ids).logits
+    swarm = await swarms.start(model_dir, [(0, 4)])
+    mine = await sdk_models.open(model_dir, swarm.token)
+    other = await sdk_models.open(model_dir, swarm.token)  # another process's client
+    (server,) = swarm.servers
+    slow_down(server.server.backend, per_token_s=0.004)  # 200 tokens: 0.8 s; 4 forwards: 3.2 s
+    with torch.no_grad():
+        await asyncio.to_thread(mine, ids)  # its pace: 6 tokens, 24 ms
+    assert mine.client.timeouts.timeout(server.node.peer_id, "forward", 6) < 3.2
+    banned = recording_bans(mine, other)
+    go = threading.Event()
+
+    def forward(model, x):
+        go.wait(60)
+        with torch.no_grad():
+            return model(x).logits
+
+    others = [asyncio.to_thread(forward, other, p) for p in prompts]
+    behind = asyncio.ensure_future(asyncio.gather(*others))
+    await asyncio.sleep(0.2)
+    go.set()
+    await asyncio.sleep(0.3)  # the others' forwards reach the server first
+    got = await asyncio.to_thread(forward, mine, ids)
+    await behind
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+    assert banned == []  # no client gave up on the busy server

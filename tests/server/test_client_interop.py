@@ -38,7 +38,8 @@ async def test_client_transport_round_trip(servers, tiny_llama):
 
 async def test_compute_status_says_whether_a_session_has_a_step_here(servers, tiny_llama):
     """GET /compute (drift.wire.progress) on a real server in a private swarm: signed
-    requests only; `pending` while the session's step waits behind a unit of other work."""
+    requests only; `pending` while the session's step, or a named /forward, waits behind a
+    unit of other work."""
     import asyncio
     import threading
 
@@ -54,14 +55,14 @@ async def test_compute_status_says_whether_a_session_has_a_step_here(servers, ti
         async with http.get(f"{running.url}/compute") as resp:  # unsigned: refused
             assert resp.status == 401, await resp.text()
         try:
-            await compute_status(http, hop, ClientConfig(swarm_key="another key"), "x")
+            await compute_status(http, hop, ClientConfig(swarm_key="another key"), session_id="x")
             raise AssertionError("a wrong swarm key must be refused")
         except DriftError as exc:
             assert exc.status == 403  # wrong swarm key (HMAC mismatch)
         sock = await SpanSocket.open(
             http, hop, m.OpenSession(backend.fingerprint, 0, 2, 8, 1, "float32"), config
         )
-        idle = await compute_status(http, hop, config, sock.session_id)
+        idle = await compute_status(http, hop, config, session_id=sock.session_id)
         assert (idle.running_s, idle.waiting, idle.pending) == (0.0, 0, False)
         assert idle.unit_s is not None and idle.unit_s > 0
         release = threading.Event()
@@ -69,14 +70,21 @@ async def test_compute_status_says_whether_a_session_has_a_step_here(servers, ti
         try:
             step = asyncio.ensure_future(sock.step(torch.randn(1, 3, 64), 0))
             await asyncio.sleep(0.3)
-            busy = await compute_status(http, hop, config, sock.session_id)
+            busy = await compute_status(http, hop, config, session_id=sock.session_id)
             assert busy.pending and busy.running_s >= 0.25 and busy.waiting >= 1
-            other = await compute_status(http, hop, config, "no-such-session")
+            other = await compute_status(http, hop, config, session_id="no-such-session")
             assert not other.pending
+            call = asyncio.ensure_future(forward(http, hop, backend.fingerprint,
+                                                 torch.randn(1, 3, 64), config, call_id="c1"))  # fmt: skip
+            await asyncio.sleep(0.3)
+            assert (await compute_status(http, hop, config, call_id="c1")).pending
+            assert not (await compute_status(http, hop, config, call_id="c2")).pending
         finally:
             release.set()
         await asyncio.wait_for(step, 10)
+        await asyncio.wait_for(call, 10)
+        assert not (await compute_status(http, hop, config, call_id="c1")).pending
         blocker.result(10)
-        done = await compute_status(http, hop, config, sock.session_id)
+        done = await compute_status(http, hop, config, session_id=sock.session_id)
         assert not done.pending and done.running_s == 0.0
         await sock.close()
