@@ -301,5 +301,7 @@ class Chain:
                 shared.update(donated)
 
     async def close(self) -> None:
-        await close_all(span.socket for span in self.spans)
+        """The session ended: its sockets close (a spare to each server is made ready for
+        the next session, RemoteClient.close_sockets)."""
+        await self.client.close_sockets(span.socket for span in self.spans)
         self.spans = []

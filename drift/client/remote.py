@@ -18,7 +18,7 @@ import secrets
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -41,6 +41,7 @@ from drift.client.routing import (
     missing_blocks,
     spread_route,
 )
+from drift.client.spares import Spares
 from drift.client.swarm_view import SwarmView
 from drift.identity.tokens import JoinToken
 from drift.models.sharing import KVSharing
@@ -94,9 +95,12 @@ class RemoteClient:
         self.http: aiohttp.ClientSession = self.loop.run(self._make_http())
         self.swarm = SwarmView(initial_peers, config, self.http, self.bans)
         self.sockets: weakref.WeakSet[transport.SpanSocket] = weakref.WeakSet()  # open ones
-        # closes the sockets, the HTTP session and the loop: on close(), when collected, or
-        # at interpreter exit
-        self._finalizer = weakref.finalize(self, _shut_down, self.loop, self.http, self.sockets)
+        self.spares = Spares(functools.partial(transport.handshake, self.http, config=config),
+                             config.spare_socket_s)  # fmt: skip
+        # closes the sockets, the spares, the HTTP session and the loop: on close(), when
+        # collected, or at interpreter exit
+        self._finalizer = weakref.finalize(self, _shut_down, self.loop, self.http, self.sockets,
+                                           self.spares)  # fmt: skip
 
     async def _make_http(self) -> aiohttp.ClientSession:
         return aiohttp.ClientSession(auto_decompress=True)
@@ -113,10 +117,22 @@ class RemoteClient:
         self.loop.submit(coro)
 
     async def open_socket(self, hop: Hop, request: Any) -> transport.SpanSocket:
-        """An inference socket to `hop` (closed with the client if still open then)."""
-        sock = await transport.SpanSocket.open(self.http, hop, request, self.config)
+        """An inference socket to `hop` with `request`'s session open on it: on the spare
+        socket to that server if one is ready (drift.client.spares), else a fresh one.
+        Closed with the client if still open then."""
+        sock = await self.spares.open(hop, request, self.config)
+        if sock is None:
+            sock = await transport.SpanSocket.open(self.http, hop, request, self.config)
         self.sockets.add(sock)
         return sock
+
+    async def close_sockets(self, sockets: Iterable[transport.SpanSocket]) -> None:
+        """Close the sockets of a session that ended (their servers free it), and handshake
+        a spare to each of those servers for the next session (drift.client.spares)."""
+        socks = list(sockets)
+        await transport.close_all(socks)
+        for sock in socks:
+            self.spares.refill(sock.hop)
 
     def patience(self, sock: transport.SpanSocket, window_s: float,
                  started: float) -> transport.Patience:  # fmt: skip
@@ -357,17 +373,18 @@ def with_adapter(servers: list[ServerInfo], adapter: str | None, start: int,
     return holding
 
 
-def _shut_down(loop: LoopThread, http: aiohttp.ClientSession, sockets: Any, *,
-               wait: bool | None = None) -> None:  # fmt: skip
-    """Close the inference sockets (servers free their sessions), the HTTP session, and stop
-    the loop. `wait` None (a finalizer): wait on the main thread only (interpreter exit),
+def _shut_down(loop: LoopThread, http: aiohttp.ClientSession, sockets: Any, spares: Spares,
+               *, wait: bool | None = None) -> None:  # fmt: skip
+    """Close the inference sockets (servers free their sessions), the spares, the HTTP
+    session, and stop the loop. `wait` None (a finalizer): wait on the main thread only (interpreter exit),
     never on a thread the collector happened to run on (it may be serving those servers)."""
     if wait is None:
         wait = threading.current_thread() is threading.main_thread()
-    loop.close(_close_connections(http, list(sockets)), wait=wait)
+    loop.close(_close_connections(http, list(sockets), spares), wait=wait)
 
 
-async def _close_connections(http: aiohttp.ClientSession, sockets: list[Any]) -> None:
-    await transport.close_all(sockets)
+async def _close_connections(http: aiohttp.ClientSession, sockets: list[Any],
+                             spares: Spares) -> None:  # fmt: skip
+    await asyncio.gather(transport.close_all(sockets), spares.close())
     if not http.closed:
         await http.close()

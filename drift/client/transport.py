@@ -154,6 +154,25 @@ async def compute_status(http: aiohttp.ClientSession, hop: Hop, config: ClientCo
     return ComputeStatus.from_wire(obj)
 
 
+async def handshake(http: aiohttp.ClientSession, hop: Hop,
+                    config: ClientConfig) -> aiohttp.ClientWebSocketResponse:  # fmt: skip
+    """An inference WebSocket to `hop`, no session open on it yet: TCP, TLS and the HTTP
+    upgrade with the swarm-key proof, within connect_timeout_s (a frozen server accepts the
+    TCP connection in its kernel and then says nothing)."""
+    url = f"{hop.addr}/inference"
+    headers = auth_headers(config.swarm_key, "GET", "/inference", peer_id=hop.peer_id)
+    try:
+        return await asyncio.wait_for(http.ws_connect(
+            url, headers=headers, max_msg_size=0, ssl=peer_ssl(hop.peer_id),
+            timeout=aiohttp.ClientWSTimeout(ws_receive=config.step_timeout_s,
+                                            ws_close=config.connect_timeout_s),
+        ), config.connect_timeout_s)  # fmt: skip
+    except aiohttp.WSServerHandshakeError as exc:
+        raise from_payload(None, exc.status) from exc
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        raise PeerUnavailable(f"{hop.peer_id} at {url}: {exc!r}", peer_id=hop.peer_id) from exc
+
+
 Patience = Callable[[], Awaitable[float]]  # past a step's timeout: seconds more to wait (0: none)
 
 
@@ -174,24 +193,24 @@ class SpanSocket:
     async def open(
         cls, http: aiohttp.ClientSession, hop: Hop, request: m.OpenSession, config: ClientConfig,
     ) -> SpanSocket:  # fmt: skip
-        url = f"{hop.addr}/inference"
-        headers = auth_headers(config.swarm_key, "GET", "/inference", peer_id=hop.peer_id)
-        try:
-            # the handshake (TCP, TLS, HTTP upgrade) within connect_timeout_s: a frozen
-            # server accepts the TCP connection in its kernel and then says nothing
-            ws = await asyncio.wait_for(http.ws_connect(
-                url, headers=headers, max_msg_size=0, ssl=peer_ssl(hop.peer_id),
-                timeout=aiohttp.ClientWSTimeout(ws_receive=config.step_timeout_s,
-                                                ws_close=config.connect_timeout_s),
-            ), config.connect_timeout_s)  # fmt: skip
-        except aiohttp.WSServerHandshakeError as exc:
-            raise from_payload(None, exc.status) from exc
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            raise PeerUnavailable(f"{hop.peer_id} at {url}: {exc!r}", peer_id=hop.peer_id) from exc
+        """A fresh socket to `hop` with `request`'s session open on it."""
+        return await cls.begin(hop, await handshake(http, hop, config), request, config)
+
+    @classmethod
+    async def begin(
+        cls, hop: Hop, ws: aiohttp.ClientWebSocketResponse, request: m.OpenSession,
+        config: ClientConfig,
+    ) -> SpanSocket:  # fmt: skip
+        """Open `request`'s session on `ws`, a socket to `hop` handshaken with no session yet
+        (`handshake`); `ws` is closed if that fails. PeerUnavailable whose cause is not a
+        timeout: the server had closed `ws` (or it broke) before the session opened."""
         sock = cls(hop, ws, config)
         sock.dtype = ACTIVATION_DTYPES[request.dtype]
         try:
-            await ws.send_str(codec.encode_text(request))
+            try:
+                await ws.send_str(codec.encode_text(request))
+            except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
+                raise PeerUnavailable(f"{hop.peer_id}: {exc!r}", peer_id=hop.peer_id) from exc
             # reserving a cache is quick: a server that does not answer soon is not well
             msg = await sock._receive(config.connect_timeout_s + config.min_step_timeout_s)
             if msg.type != aiohttp.WSMsgType.TEXT:

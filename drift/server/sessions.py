@@ -108,7 +108,10 @@ class SessionManager:
         self._check_share(client, need, None)
         reserved = self.budget.reserve(need)
         try:
-            cache = await self.backend.run(self._new_cache, req, source)
+            # a fork copies K/V between its source's steps, on the compute thread; a fresh
+            # cache is a few empty objects, made here (not queued behind others' compute)
+            cache = (self._new_cache(req) if source is None
+                     else await self.backend.run(self._new_cache, req, source))  # fmt: skip
         except BaseException:
             self.budget.release(reserved)
             raise
