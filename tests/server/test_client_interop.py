@@ -74,6 +74,10 @@ async def test_compute_status_says_whether_a_session_has_a_step_here(servers, ti
             assert busy.pending and busy.running_s >= 0.25 and busy.waiting >= 1
             other = await compute_status(http, hop, config, session_id="no-such-session")
             assert not other.pending
+            # a session opens meanwhile: its fresh cache is not queued behind the compute
+            opened = await asyncio.wait_for(SpanSocket.open(http, hop, m.OpenSession(
+                backend.fingerprint, 0, 2, 8, 1, "float32"), config), 2.0)  # fmt: skip
+            await opened.close()
             call = asyncio.ensure_future(forward(http, hop, backend.fingerprint,
                                                  torch.randn(1, 3, 64), config, call_id="c1"))  # fmt: skip
             await asyncio.sleep(0.3)
