@@ -301,7 +301,7 @@ class Chain:
                 shared.update(donated)
 
     async def close(self) -> None:
-        """The session ended: its sockets close (a spare to each server is made ready for
-        the next session, RemoteClient.close_sockets)."""
-        await self.client.close_sockets(span.socket for span in self.spans)
-        self.spans = []
+        """The session ended: its sockets close, then a spare to each server is made ready
+        (drift.client.spares); this waits for the servers' replies to the close."""
+        spans, self.spans = self.spans, []
+        await self.client.spares.end(span.socket for span in spans)

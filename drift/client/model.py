@@ -351,8 +351,8 @@ class DistributedModelForCausalLM(DistributedPreTrainedModel, GenerationMixin):
             out = super().generate(inputs, *args, **kwargs)
         finally:
             owned, self._calls.owned = self._calls.owned, outer
-            for cache in owned:
-                cache.session.close()
+            for cache in owned:  # the servers' replies to the close are not waited for
+                cache.session.close(wait=False)
         if active is None:
             return out
         sequences = out if isinstance(out, torch.Tensor) else out.sequences

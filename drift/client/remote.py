@@ -18,7 +18,7 @@ import secrets
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -126,14 +126,6 @@ class RemoteClient:
         self.sockets.add(sock)
         return sock
 
-    async def close_sockets(self, sockets: Iterable[transport.SpanSocket]) -> None:
-        """Close the sockets of a session that ended (their servers free it), and handshake
-        a spare to each of those servers for the next session (drift.client.spares)."""
-        socks = list(sockets)
-        await transport.close_all(socks)
-        for sock in socks:
-            self.spares.refill(sock.hop)
-
     def patience(self, sock: transport.SpanSocket, window_s: float,
                  started: float) -> transport.Patience:  # fmt: skip
         """For a step on `sock` waited on since `started` (time.perf_counter()): past its
@@ -147,6 +139,7 @@ class RemoteClient:
         """Inference sockets to every hop at once (a chain opens in one round trip, not one
         per hop): (the sockets in order, []) or, when any open failed, ([], each failed hop
         with its error), every socket that did open closed again."""
+        await self.spares.ended({hop.peer_id for hop, _ in requests})  # their old sessions freed
         opened = await asyncio.gather(*(self.open_socket(hop, req) for hop, req in requests),
                                       return_exceptions=True)  # fmt: skip
         socks = [s for s in opened if isinstance(s, transport.SpanSocket)]

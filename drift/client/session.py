@@ -261,7 +261,9 @@ class InferenceSession:
 
     def close(self, *, wait: bool = True) -> None:
         """Close every span's socket (the servers free the caches); `wait=False` does not
-        wait for it (a finalizer, from any thread). A closed client has closed them all."""
+        wait for their replies (generate()'s own sessions, a finalizer; from any thread):
+        this client's next session on those servers opens once they are through
+        (drift.client.spares). A closed client has closed them all."""
         if self.closed:
             return
         self.closed = True

@@ -1,4 +1,5 @@
-"""Spare inference sockets: one handshaken WebSocket per server, ready for the next session.
+"""Between a client's sessions on a server: the ended session's sockets close in the
+background, and a spare handshaken WebSocket waits for the next session there.
 
 A session on a fresh socket first pays the connection (TCP, TLS, the HTTP upgrade with the
 swarm-key proof: 2-3 round trips and both sides' CPU) and then its open message (one more).
@@ -11,6 +12,10 @@ socket is never reused after its session: a spare is a fresh handshake. A spare 
 after `keep_s` unused (before the server's own idle timeout for a socket without a session,
 30 s by default, would close it); on one the server closed sooner, a fresh socket is opened
 instead. Knows nothing about routing.
+
+A session's end does not wait for its servers' replies to the close (a round trip: a
+generate() returns without it); the client's next session on those servers opens after that
+close is through (`ended`), so its servers have freed the old session's cache first.
 """
 
 from __future__ import annotations
@@ -19,14 +24,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import Any
 
 import aiohttp
 
 from drift.client.config import ClientConfig
 from drift.client.routing import Hop
-from drift.client.transport import SpanSocket
+from drift.client.transport import SpanSocket, close_all
 from drift.wire.errors import DriftError, PeerUnavailable
 
 log = logging.getLogger(__name__)
@@ -43,8 +48,30 @@ class Spares:
         self._ready: dict[tuple[str, str], tuple[aiohttp.ClientWebSocketResponse, float]] = {}
         self._making: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._closing: set[asyncio.Task[None]] = set()  # spares closed at keep_s, closing
+        self._ending: dict[asyncio.Task[None], frozenset[str]] = {}  # ended sessions, by peers
         self._closed = False
         self.taken = 0  # spares handed out (sessions opened on one, or tried)
+
+    def end(self, sockets: Iterable[SpanSocket]) -> asyncio.Task[None]:
+        """(On the client's loop) A session ended: close its sockets in the background (their
+        servers free it), then make a spare to each of those servers. Await the task to wait
+        for the servers' replies; `ended` waits for it too."""
+        socks = list(sockets)
+        task = asyncio.get_running_loop().create_task(self._end(socks))
+        self._ending[task] = frozenset(sock.hop.peer_id for sock in socks)
+        task.add_done_callback(lambda done: self._ending.pop(done, None))
+        return task
+
+    async def _end(self, socks: list[SpanSocket]) -> None:
+        await close_all(socks)
+        for sock in socks:
+            self.refill(sock.hop)
+
+    async def ended(self, peers: Collection[str]) -> None:
+        """Once the sessions ended on any of `peers` are closed there."""
+        ending = [task for task, those in self._ending.items() if not those.isdisjoint(peers)]
+        if ending:
+            await asyncio.wait(ending)
 
     @property
     def ready(self) -> int:
@@ -120,8 +147,11 @@ class Spares:
         task.add_done_callback(self._closing.discard)
 
     async def close(self) -> None:
-        """Close every spare and stop the handshakes under way; no more are made."""
+        """Finish closing ended sessions; close every spare and stop the handshakes under
+        way; no more are made."""
         self._closed = True
+        if self._ending:
+            await asyncio.wait(list(self._ending))
         making = list(self._making.values())
         for task in making:
             task.cancel()

@@ -134,3 +134,37 @@ async def test_no_spares_when_turned_off(tiny_dirs, swarms, sdk_models, fresh_op
         await asyncio.sleep(0.2)  # a spare would be handshaken by now
         assert model.client.spares.ready == 0
     assert len(fresh_opens) == 4 and model.client.spares.taken == 0
+
+
+async def test_generate_returns_before_its_close_and_the_next_session_opens_after(
+    tiny_dirs, swarm_model, monkeypatch
+) -> None:
+    """generate() does not wait for its servers' replies to the session's close (here held
+    back 0.5 s); the next session on those servers opens only once that close is through."""
+    import drift.client.spares as spares_module
+
+    model_dir = tiny_dirs("llama")
+    local = load_reference(model_dir)
+    _, model = await swarm_model(model_dir, [(0, 2), (2, 4)])
+    events: list[str] = []
+    close_all, begin = spares_module.close_all, SpanSocket.begin.__func__  # type: ignore[attr-defined]
+
+    async def slow_close(socks):
+        await asyncio.sleep(0.5)
+        events.append("closed")
+        await close_all(socks)
+
+    async def counted_begin(cls, hop, ws, request, config):
+        events.append("open")
+        return await begin(cls, hop, ws, request, config)
+
+    monkeypatch.setattr(spares_module, "close_all", slow_close)
+    monkeypatch.setattr(SpanSocket, "begin", classmethod(counted_begin))
+    await asyncio.to_thread(_generate, model, local)  # warm (and its close, held back)
+    await _wait_for(lambda: model.client.spares.ready == 2)
+    events.clear()
+    started = time.monotonic()
+    await asyncio.to_thread(model.generate, IDS, max_new_tokens=2, do_sample=False)
+    assert time.monotonic() - started < 0.5 and events == ["open", "open"]
+    await asyncio.to_thread(_generate, model, local)
+    assert events[:5] == ["open", "open", "closed", "open", "open"], events
