@@ -46,6 +46,7 @@ class InferenceSession:
         self._position = 0  # tokens the servers hold (the next step starts here)
         self.chain = Chain(client, self, start_block, end_block, self.lora)
         self.closed = False
+        self._spared = False  # spares to its servers asked for (after its first step)
 
     @property
     def position(self) -> int:
@@ -157,9 +158,21 @@ class InferenceSession:
         """`step` through every span. Past `prefill_chunk_tokens` tokens it travels in chunks
         (no message outgrows a server's body limit), pipelined: span i+1 computes chunk j
         while span i computes chunk j+1 (`Chain.pipeline`, relayed). A step of one chunk goes
-        `Chain.whole`: relayed span by span, or pushed from server to server."""
-        chain = self.chain
+        `Chain.whole`: relayed span by span, or pushed from server to server. After the
+        session's first step, spare sockets to its servers are made ready for the next
+        session (drift.client.spares), off that step's path."""
         await self._connect()
+        out = await self._through(step, states)
+        if not self._spared:
+            self._spared = True
+            for span in self.chain.spans:
+                self.client.spares.refill(span.hop)
+        return out
+
+    async def _through(
+        self, step: StepInputs, states: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        chain = self.chain
         parts = split_step(step, self.client.config.prefill_chunk_tokens)
         if len(parts) == 1:
             return await chain.whole(step, states)

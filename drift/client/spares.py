@@ -3,9 +3,10 @@ background, and a spare handshaken WebSocket waits for the next session there.
 
 A session on a fresh socket first pays the connection (TCP, TLS, the HTTP upgrade with the
 swarm-key proof: 2-3 round trips and both sides' CPU) and then its open message (one more).
-A server this client has just used is likely used again (the next generate(), the next chat
-turn), so when a session's sockets close, a spare to each of those servers is handshaken in
-the background, and the next session there opens on it: one round trip.
+A server this client uses is likely used again (the next generate(), the next chat turn),
+so after a session's first step on a server (off that step's path), and again when it
+ends if none is left by then, a spare to that server is handshaken in the background, and
+the next session there opens on it: one round trip.
 
 A handshake proves the swarm key for one session (the server refuses a second on it), so a
 socket is never reused after its session: a spare is a fresh handshake. A spare is closed
@@ -54,8 +55,9 @@ class Spares:
 
     def end(self, sockets: Iterable[SpanSocket]) -> asyncio.Task[None]:
         """(On the client's loop) A session ended: close its sockets in the background (their
-        servers free it), then make a spare to each of those servers. Await the task to wait
-        for the servers' replies; `ended` waits for it too."""
+        servers free it), then make a spare to each of those servers if none is ready (one
+        made after its first step lives `keep_s`). Await the task to wait for the servers' replies;
+        `ended` waits for it too."""
         socks = list(sockets)
         task = asyncio.get_running_loop().create_task(self._end(socks))
         self._ending[task] = frozenset(sock.hop.peer_id for sock in socks)

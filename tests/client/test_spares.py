@@ -1,5 +1,5 @@
-"""Spare sockets (drift.client.spares): after a session, a handshaken socket to each of its
-servers waits for the next session, which opens on it without a handshake of its own.
+"""Spare sockets (drift.client.spares): once a session opened, a handshaken socket to each of
+its servers waits for the next session, which opens on it without a handshake of its own.
 Against real servers on loopback: the second generate() handshakes nothing before its
 steps, a spare the server closed meanwhile is replaced by a fresh socket without a ban,
 a private swarm's spare carries its own proof (one session per handshake still holds), and
@@ -55,7 +55,7 @@ async def test_the_next_session_opens_on_spare_sockets(tiny_dirs, swarm_model, f
     spares = model.client.spares
     await asyncio.to_thread(_generate, model, local)
     assert len(fresh_opens) == 2  # the first session: a handshake per server
-    # the session closed: a spare to each server is handshaken in the background
+    # a spare to each server is handshaken in the background
     await _wait_for(lambda: spares.ready == 2)
     await asyncio.to_thread(_generate, model, local)
     assert len(fresh_opens) == 2 and spares.taken == 2  # the second opened on the spares
@@ -161,7 +161,7 @@ async def test_generate_returns_before_its_close_and_the_next_session_opens_afte
     monkeypatch.setattr(spares_module, "close_all", slow_close)
     monkeypatch.setattr(SpanSocket, "begin", classmethod(counted_begin))
     await asyncio.to_thread(_generate, model, local)  # warm (and its close, held back)
-    await _wait_for(lambda: model.client.spares.ready == 2)
+    await _wait_for(lambda: "closed" in events and model.client.spares.ready == 2)
     events.clear()
     started = time.monotonic()
     await asyncio.to_thread(model.generate, IDS, max_new_tokens=2, do_sample=False)
