@@ -59,6 +59,8 @@ async def test_the_next_session_opens_on_spare_sockets(tiny_dirs, swarm_model, f
     await _wait_for(lambda: spares.ready == 2)
     await asyncio.to_thread(_generate, model, local)
     assert len(fresh_opens) == 2 and spares.taken == 2  # the second opened on the spares
+    await asyncio.to_thread(_generate, model, local)  # at once: spares made after its 1st step
+    assert len(fresh_opens) == 2 and spares.taken == 4
     await _wait_for(lambda: spares.ready == 2)  # and made spares again
     ready = [ws for ws, _ in spares._ready.values()]
     held = [_open_sockets(s) for s in swarm.servers]
