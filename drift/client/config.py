@@ -21,8 +21,9 @@ class ClientConfig:
     step_timeout_s: float = 60.0
     min_step_timeout_s: float = 2.0
     step_timeout_factor: float = 10.0
-    # a server whose session just closed gets a spare socket, handshaken in the background,
-    # kept this long for the next session there (drift.client.spares; 0: none)
+    # after a session's first step on a server (and at its end if none is left), a spare
+    # socket to it is handshaken in the background and kept this long for the next session
+    # there (drift.client.spares; 0: none)
     spare_socket_s: float = 20.0
     swarm_refresh_s: float = 5.0  # re-read the membership table at most this often
     max_retries: int = 4  # attempts per request / per step before giving up

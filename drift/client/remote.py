@@ -369,8 +369,9 @@ def with_adapter(servers: list[ServerInfo], adapter: str | None, start: int,
 def _shut_down(loop: LoopThread, http: aiohttp.ClientSession, sockets: Any, spares: Spares,
                *, wait: bool | None = None) -> None:  # fmt: skip
     """Close the inference sockets (servers free their sessions), the spares, the HTTP
-    session, and stop the loop. `wait` None (a finalizer): wait on the main thread only (interpreter exit),
-    never on a thread the collector happened to run on (it may be serving those servers)."""
+    session, and stop the loop. `wait` None (a finalizer): wait on the main thread only
+    (interpreter exit), never on a thread the collector happened to run on (it may be serving
+    those servers)."""
     if wait is None:
         wait = threading.current_thread() is threading.main_thread()
     loop.close(_close_connections(http, list(sockets), spares), wait=wait)

@@ -56,8 +56,8 @@ class Spares:
     def end(self, sockets: Iterable[SpanSocket]) -> asyncio.Task[None]:
         """(On the client's loop) A session ended: close its sockets in the background (their
         servers free it), then make a spare to each of those servers if none is ready (one
-        made after its first step lives `keep_s`). Await the task to wait for the servers' replies;
-        `ended` waits for it too."""
+        made after its first step lives `keep_s`). Await the task to wait for the servers'
+        replies; `ended` waits for it too."""
         socks = list(sockets)
         task = asyncio.get_running_loop().create_task(self._end(socks))
         self._ending[task] = frozenset(sock.hop.peer_id for sock in socks)
