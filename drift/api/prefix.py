@@ -99,7 +99,8 @@ class SessionPool:
         return taken.session, best_n
 
     def put(self, session: Any) -> None:
-        """Keep `session` (its generation ended cleanly) for a later request; the least
+        """Keep `session` (its generation ended cleanly) for a later request, its servers
+        told it is idle (their batchers do not wait for its steps meanwhile); the least
         recently used one beyond `max_sessions` is closed."""
         cache = self.model.cache_for(session)
         ids = cache.token_ids
@@ -111,6 +112,8 @@ class SessionPool:
             dropped = []
             while len(self._held) > self.max_sessions:
                 dropped.append(self._held.popitem(last=False)[1])
+        if all(h.session is not session for h in dropped):
+            session.idle()
         for held in dropped:
             held.session.close(wait=False)
 

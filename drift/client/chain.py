@@ -300,6 +300,10 @@ class Chain:
                 span.history.append(inputs)
                 shared.update(donated)
 
+    async def idle(self) -> None:
+        """The session takes no step for now: every span's server is told (SpanSocket.idle)."""
+        await asyncio.gather(*(span.socket.idle() for span in self.spans))
+
     async def close(self) -> None:
         """The session ended: its sockets close, then a spare to each server is made ready
         (drift.client.spares); this waits for the servers' replies to the close."""

@@ -272,6 +272,13 @@ class InferenceSession:
         return [SpanState(span.hop, sock, fork_history(span.history, tokens, new.batch_size))
                 for span, sock in zip(self.spans, socks, strict=True)]  # fmt: skip
 
+    def idle(self) -> None:
+        """Say the session takes no step for now (kept open for a later turn of a chat): its
+        servers then batch other sessions' steps without waiting for its next one, until it
+        steps again. Sent in the background (from any thread); a step may follow at once."""
+        if not self.closed and self.spans and not self.client.closed:
+            self.client.submit(self.chain.idle())
+
     def close(self, *, wait: bool = True) -> None:
         """Close every span's socket (the servers free the caches); `wait=False` does not
         wait for their replies (generate()'s own sessions, a finalizer; from any thread):

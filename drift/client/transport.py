@@ -8,6 +8,7 @@ and a peer that cannot be reached raises PeerUnavailable. No routing, no retries
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -187,6 +188,7 @@ class SpanSocket:
         self.session_id = ""  # the server's id of this socket's session (once opened)
         self.push_token: str | None = None  # what steps pushed into it carry (drift.wire.push)
         self.holds = 0  # tokens its session started with (a fork: OpenSession.fork_tokens)
+        self.idles = False  # its server takes `idle` (SessionOpened.idles)
         self.dtype = torch.float32  # what the session computes in (replies are restored to it)
 
     @classmethod
@@ -219,7 +221,7 @@ class SpanSocket:
             sock._raise_if_error(kind, obj)
             opened = m.SessionOpened.from_wire(obj)
             sock.session_id, sock.push_token = opened.session_id, opened.push_token
-            sock.holds = opened.holds
+            sock.holds, sock.idles = opened.holds, opened.idles
         except BaseException:
             await sock.close()
             raise
@@ -244,6 +246,13 @@ class SpanSocket:
             self._raise_if_error(kind, obj)
             SessionExtended.from_wire(obj)
             return
+
+    async def idle(self) -> None:
+        """Tell the server this session takes no step for now (drift.wire's IdleSession; no
+        reply), where it takes it. A socket that broke meanwhile shows at the next step."""
+        if self.idles and not self.ws.closed:
+            with contextlib.suppress(aiohttp.ClientError, ConnectionError, RuntimeError):
+                await self.ws.send_str(codec.encode_text(m.IdleSession()))
 
     async def _receive(self, timeout_s: float | None = None) -> aiohttp.WSMessage:
         timeout = self.config.step_timeout_s if timeout_s is None else timeout_s

@@ -17,7 +17,8 @@ A drain waits only for sessions whose last step could share a forward with a que
 run apart anyway, and whose client may be waiting for that very prompt), and a session a
 drain waited for in vain is not waited for again until it steps (a row of `drift api`
 that ended while its session is held for the next turn costs one wait, not one per step
-of its gap). A wait that ends with no new step is counted (`vain_waits`). A group whose forward fails
+of its gap), nor one whose client said it is idle (`idle`: a held session, announced by
+drift.wire's `idle` message: no wait at all). A wait that ends with no new step is counted (`vain_waits`). A group whose forward fails
 is rerun step by step, so an error reaches only its own session; any other failure of a
 drain job fails only the steps it took, is counted (`drains_failed`) and leaves the
 batcher ready for the next step. Knows nothing about HTTP.
@@ -88,6 +89,7 @@ class StepBatcher:
         self.waits = 0  # drains that waited for a stepping session's step
         self.vain_waits = 0  # of those, the ones that ended with no step come in
         self.drains_failed = 0  # drain jobs that failed outside a forward (bugs: logged)
+        self.idle_notices = 0  # sessions their clients said were idle (not waited for)
 
     @property
     def queued(self) -> int:
@@ -117,6 +119,15 @@ class StepBatcher:
                     self._scheduled = False
                 raise
         return await asyncio.wrap_future(item.future)
+
+    def idle(self, session: SpanSession) -> None:
+        """Its client holds `session` for a later turn: no drain waits for its step until it
+        steps again."""
+        with self._cond:
+            pace = self._seen.get(id(session))
+            if pace is not None and pace.session is session:
+                del self._seen[id(session)]
+            self.idle_notices += 1
 
     def _drain(self) -> None:
         """On the compute thread: run everything queued so far, group by group. Whatever

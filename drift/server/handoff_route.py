@@ -171,4 +171,5 @@ def resume(server: BlockServer, obj: object, ws: web.WebSocketResponse) -> Sessi
     session = server.sessions.get(req.session_id)
     server.handoff.unpark(req.session_id)
     session.last_used, session.socket = time.monotonic(), ws
-    return SessionOpened(req.session_id, session.request.max_length, session.push_token)
+    return SessionOpened(req.session_id, session.request.max_length, session.push_token,
+                         idles=True)  # fmt: skip

@@ -38,6 +38,7 @@ from drift.wire.messages import (
     CloseSession,
     ErrorMessage,
     ForwardRequest,
+    IdleSession,
     OpenSession,
 )
 from drift.wire.progress import CALL_HEADER, COMPUTE_PATH, MAX_CALL_ID, ComputeStatus
@@ -269,6 +270,11 @@ async def _on_text(server: BlockServer, ws: web.WebSocketResponse, state: _Socke
                 raise BadRequest("no session is open on this socket: send 'open' first")
             await _send(ws, server.sessions.extend(state.session_id, grow.max_length).to_wire())
             return
+        if kind == "idle":  # no reply
+            IdleSession.from_wire(obj)
+            if state.session_id is not None:
+                server.sessions.idle(state.session_id)
+            return
         if kind == "close":
             CloseSession.from_wire(obj)
             if state.session_id is not None:
@@ -277,8 +283,8 @@ async def _on_text(server: BlockServer, ws: web.WebSocketResponse, state: _Socke
             await _send(ws, {"type": "session_closed", "version": PROTOCOL_VERSION})
             return
         raise BadRequest(
-            f"unexpected text message of type {kind!r}: send 'open', 'extend' or 'close' as JSON "
-            "and steps as binary tensor frames"
+            f"unexpected text message of type {kind!r}: send 'open', 'extend', 'idle' or "
+            "'close' as JSON and steps as binary tensor frames"
         )
     except DriftError as exc:
         server.metrics.count("/inference:open", exc.status)

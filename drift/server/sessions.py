@@ -123,7 +123,8 @@ class SessionManager:
         self.sessions[session.session_id] = session
         log.debug("opened session %s: %s", session.session_id, req)
         return session, SessionOpened(session.session_id, req.max_length, session.push_token,
-                                      req.fork_tokens if source is not None else 0)  # fmt: skip
+                                      req.fork_tokens if source is not None else 0,
+                                      idles=True)  # fmt: skip
 
     def _fork_source(self, req: OpenSession, client: str) -> Session:
         """The session `req` forks: this client's, over the same blocks, adapter and dtype,
@@ -241,6 +242,13 @@ class SessionManager:
                                        attention_mask=None if mask is None else mask[:, pos:stop],
                                        prompts=req.prompts)  # fmt: skip
         return out.to("cpu")
+
+    def idle(self, session_id: str) -> None:
+        """The session's client holds it for a later turn (drift.wire's `idle`): its steps
+        are not waited for until it steps again. An unknown (closed, reaped) one: nothing."""
+        session = self.sessions.get(session_id)
+        if session is not None:
+            self.batcher.idle(session.cache)
 
     def close(self, session_id: str) -> None:
         """Free the session (its cache room, its cache, its socket's part in it)."""

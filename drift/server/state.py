@@ -52,6 +52,9 @@ class BlockServer:
                                         lambda: self.sessions.batcher.waits),
             "drift_batch_vain_waits_total": ("Of those, waits that ended with no step come in.",
                                              lambda: self.sessions.batcher.vain_waits),
+            "drift_batch_idle_notices_total": ("Sessions their clients said were idle (held "
+                                               "for a later turn): not waited for.",
+                                               lambda: self.sessions.batcher.idle_notices),
             "drift_batch_drains_failed_total": ("Step batches that failed outside a forward "
                                                 "(their steps got the error).",
                                                 lambda: self.sessions.batcher.drains_failed),

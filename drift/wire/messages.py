@@ -278,14 +278,17 @@ class SessionOpened:
     # server that predates it (nobody pushes to such a session)
     push_token: str | None = field(default=None, repr=False)
     holds: int = 0  # tokens the session starts with (OpenSession.fork_tokens, when forked)
+    # the server takes `idle` (IdleSession); False from one that predates it (nobody sends it)
+    idles: bool = False
 
     @classmethod
     def from_wire(cls, obj: Any) -> SessionOpened:
         obj = _typed_object(obj, "session_opened")
         token = c.get_str(obj, "push_token") if "push_token" in obj else None
         holds = c.get_int(obj, "holds") if "holds" in obj else 0
+        idles = c.get_flag(obj, "idles")
         return cls(c.get_str(obj, "session_id"), c.get_int(obj, "max_length", low=1), token,
-                   holds)  # fmt: skip
+                   holds, idles)  # fmt: skip
 
     def to_wire(self) -> dict[str, Any]:
         out = f.head("session_opened", session_id=self.session_id, max_length=self.max_length)
@@ -293,6 +296,8 @@ class SessionOpened:
             out["push_token"] = self.push_token
         if self.holds:
             out["holds"] = self.holds
+        if self.idles:
+            out["idles"] = True
         return out
 
 
@@ -307,6 +312,21 @@ class CloseSession:
 
     def to_wire(self) -> dict[str, Any]:
         return f.head("close")
+
+
+@dataclass(frozen=True)
+class IdleSession:
+    """The session takes no step for now (held for a later turn): the server's batcher stops
+    waiting for its steps, until its next step. No reply. Send it only where SessionOpened
+    said `idles` (an older server answers an unknown message with an error)."""
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> IdleSession:
+        _typed_object(obj, "idle")
+        return cls()
+
+    def to_wire(self) -> dict[str, Any]:
+        return f.head("idle")
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from drift.api.prefix import SessionPool, common_prefix
 from drift.api.service import ServiceConfig
 from drift.api.swarm import swarm_engine
 from tests.api.apps import API_KEY, MESSAGES, MODEL_ID, Rows, reference
+from tests.server.test_live_load import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -51,6 +52,13 @@ async def test_next_turn_continues_the_held_session(
     async with client:
         first = await chat(MESSAGES)
         assert pool.hits == 0 and len(pool) == 1
+        # the held session's servers were told it is idle: no step of theirs waits for it
+        batchers = [running.server.sessions.batcher for running in swarm.servers]
+
+        async def told() -> bool:
+            return [b.idle_notices for b in batchers] == [1, 1]
+
+        await wait_until(told, "both servers to hear that the held session is idle")
         turn = [*MESSAGES, {"role": "assistant", "content": first},
                 {"role": "user", "content": "And then?"}]  # fmt: skip
         second = await chat(turn)

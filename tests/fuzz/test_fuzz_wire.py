@@ -99,7 +99,7 @@ def test_plain_json_requests_are_refused_cleanly(obj) -> None:
 @example({"type": "open", "version": PROTOCOL_VERSION, "model": "x", "start_block": 0,
           "end_block": 2**64, "max_length": 2**70, "batch_size": 0, "dtype": "float32"})  # fmt: skip
 def test_json_messages_are_refused_cleanly(obj) -> None:
-    for kind in (m.OpenSession, m.CloseSession, m.SessionOpened, m.ErrorMessage):
+    for kind in (m.OpenSession, m.CloseSession, m.IdleSession, m.SessionOpened, m.ErrorMessage):
         try:
             kind.from_wire(obj)
         except Exception as exc:  # noqa: BLE001

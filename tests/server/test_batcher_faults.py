@@ -5,8 +5,8 @@ session then dropped from the batcher's recent table) runs, and so do the steps 
 (main raised ValueError in `_gather` there and never ran a step again); a drain job that
 fails for any other reason fails only its own steps, is counted on /metrics, and the next
 step runs; a held idle session (stepped, then kept open) costs another session's steps no
-wait, and one that stopped stepping while still due costs one wait at most; a prompt's step
-never waits for decoding sessions: counted, not timed.
+wait, and one that stopped stepping while still due costs one wait at most, none once its
+client said it is idle; a prompt's step never waits for decoding sessions: counted, not timed.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import asyncio
 import threading
 
 import aiohttp
+import orjson
 import pytest
 import torch
 
@@ -166,5 +167,36 @@ async def test_a_session_waited_for_in_vain_is_not_waited_for_again(servers, tmp
         other = await RawSession.open(http, running.url, fp, 0, 2, max_length=32)
         await _decode(other, span.new_session(batch_size=1, max_length=32), 100, 10)
         assert (batcher.waits, batcher.vain_waits) == (1, 1)
+        await other.close()
+        await held.close()
+
+
+async def test_a_session_its_client_says_is_idle_is_not_waited_for(servers, tmp_path,
+                                                                   monkeypatch):  # fmt: skip
+    """As above, but the held session's client sends `idle` after its last step (drift api
+    does, holding it for the next turn): the other session's steps wait for it not even once,
+    and the held session's next step is exact and waited for again (main: one vain wait)."""
+    monkeypatch.setattr(batcher_module, "RECENT_S", 60.0)
+    model_dir = save_tiny("llama", tmp_path / "llama")
+    running = await servers(model_dir, 0, 2, batch_wait_ms=50)
+    batcher, fp = running.server.sessions.batcher, running.server.backend.fingerprint
+    span = ModelSpan.load(Checkpoint(model_dir), 0, 2)
+    async with aiohttp.ClientSession() as http:
+        held = await RawSession.open(http, running.url, fp, 0, 2, max_length=32)
+        held_alone = span.new_session(batch_size=1, max_length=32)
+        await _decode(held, held_alone, 0, 4, gap_s=0.4)
+        await held.ws.send_str(orjson.dumps(m.IdleSession().to_wire()).decode())
+        for _ in range(100):  # no reply comes: see it arrive
+            if batcher.idle_notices:
+                break
+            await asyncio.sleep(0.01)
+        other = await RawSession.open(http, running.url, fp, 0, 2, max_length=32)
+        await _decode(other, span.new_session(batch_size=1, max_length=32), 100, 10)
+        assert (batcher.waits, batcher.vain_waits, batcher.idle_notices) == (0, 0, 1)
+        metrics = await _metrics(http, running.url)
+        assert metrics["drift_batch_idle_notices_total"] == 1
+        x = _hidden(7, 1)  # the held session's next turn: no reply came to `idle`
+        torch.testing.assert_close(await held.step(x, 6), held_alone.step(x), atol=1e-5, rtol=0)
+        assert len(batcher._seen) == 2  # it steps again: waited for again
         await other.close()
         await held.close()

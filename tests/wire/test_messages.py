@@ -75,7 +75,9 @@ def test_response_round_trip(msg):
         m.OpenSession("fp", 0, 4, 128, 2, "bfloat16"),
         m.OpenSession("fp", 0, 4, 128, 2, "float32", adapter="chat"),
         m.SessionOpened("abc", 128),
+        m.SessionOpened("abc", 128, "t" * 32, holds=5, idles=True),
         m.CloseSession(),
+        m.IdleSession(),
         m.ErrorMessage("cache_full", "no room", step_id=3),
         m.ErrorMessage("bad_frame", "bad"),
     ],
@@ -201,3 +203,14 @@ def test_adapter_field_only_when_asked():
     for bad in (3, "", "a:b", "x" * 65):
         with pytest.raises(BadRequest, match="adapter"):
             m.ForwardRequest.from_wire(params | {"adapter": bad}, tensors)
+
+
+def test_idle_is_announced_only_by_servers_that_take_it():
+    """A server that predates `idle` sends no `idles`: its client never sends it one."""
+    old = m.SessionOpened("abc", 128).to_wire()
+    assert "idles" not in old and m.SessionOpened.from_wire(old).idles is False
+    assert m.SessionOpened.from_wire({**old, "idles": True}).idles is True
+    with pytest.raises(BadRequest, match="idles"):
+        m.SessionOpened.from_wire({**old, "idles": "yes"})
+    with pytest.raises(BadRequest, match="type 'idle'"):
+        m.IdleSession.from_wire(m.CloseSession().to_wire())
