@@ -17,9 +17,10 @@ A drain waits only for sessions whose last step could share a forward with a que
 run apart anyway, and whose client may be waiting for that very prompt), and a session a
 drain waited for in vain is not waited for again until it steps (a row of `drift api`
 that ended while its session is held for the next turn costs one wait, not one per step
-of its gap), nor one whose client said it is idle (`idle`: a held session, announced by
-drift.wire's `idle` message: no wait at all). A wait that ends with no new step is counted (`vain_waits`). A group whose forward fails
-is rerun step by step, so an error reaches only its own session; any other failure of a
+of its gap), nor one whose client said it is idle (`idle`: a session held for a later
+turn, announced by drift.wire's `idle` message) or that closed (`forget`): a drain waiting
+for it stops at once. A wait that ends with no new step is counted (`vain_waits`), and
+every wait's seconds (`wait_s_total`). A group whose forward fails is rerun step by step, so an error reaches only its own session; any other failure of a
 drain job fails only the steps it took, is counted (`drains_failed`) and leaves the
 batcher ready for the next step. Knows nothing about HTTP.
 """
@@ -90,6 +91,7 @@ class StepBatcher:
         self.vain_waits = 0  # of those, the ones that ended with no step come in
         self.drains_failed = 0  # drain jobs that failed outside a forward (bugs: logged)
         self.idle_notices = 0  # sessions their clients said were idle (not waited for)
+        self.wait_s_total = 0.0  # seconds drains spent waiting for stepping sessions
 
     @property
     def queued(self) -> int:
@@ -124,10 +126,17 @@ class StepBatcher:
         """Its client holds `session` for a later turn: no drain waits for its step until it
         steps again."""
         with self._cond:
+            self.idle_notices += 1
+        self.forget(session)
+
+    def forget(self, session: SpanSession) -> None:
+        """`session` takes no step now (idle, or closed: its cache is freed on the compute
+        thread, maybe behind the very drain waiting for it): a drain waiting for it stops."""
+        with self._cond:
             pace = self._seen.get(id(session))
             if pace is not None and pace.session is session:
                 del self._seen[id(session)]
-            self.idle_notices += 1
+                self._cond.notify()
 
     def _drain(self) -> None:
         """On the compute thread: run everything queued so far, group by group. Whatever
@@ -178,6 +187,7 @@ class StepBatcher:
                     self._seen[k].missed = True
                 if waited:
                     self.waits += 1
+                    self.wait_s_total += now - start
                     self.vain_waits += int(len(self._queue) == arrived)
                 return
             waited = True

@@ -45,7 +45,7 @@ def tokens_of(hidden_states: Any) -> int:
 class ServerMetrics:
     def __init__(self, gauges: dict[str, tuple[str, Callable[[], float]]],
                  histograms: dict[str, tuple[str, Callable[[], Histogram]]] | None = None,
-                 counters: dict[str, tuple[str, Callable[[], int]]] | None = None,
+                 counters: dict[str, tuple[str, Callable[[], float]]] | None = None,
                  ) -> None:  # fmt: skip
         self.requests: Counter[tuple[str, str]] = Counter()  # (route, status) -> count
         self.step_latency = Histogram(LATENCY_BUCKETS_S)  # seconds per inference step

@@ -257,6 +257,7 @@ class SessionManager:
             return
         self.budget.release(session.reserved)
         session.socket = None
+        self.batcher.forget(session.cache)  # not waited for while its close is queued
         self.backend.executor.submit(session.cache.close)
         log.debug("closed session %s", session_id)
 

@@ -52,6 +52,9 @@ class BlockServer:
                                         lambda: self.sessions.batcher.waits),
             "drift_batch_vain_waits_total": ("Of those, waits that ended with no step come in.",
                                              lambda: self.sessions.batcher.vain_waits),
+            "drift_batch_wait_seconds_total": ("Seconds step batches spent waiting for "
+                                               "stepping sessions' steps.",
+                                               lambda: self.sessions.batcher.wait_s_total),
             "drift_batch_idle_notices_total": ("Sessions their clients said were idle (held "
                                                "for a later turn): not waited for.",
                                                lambda: self.sessions.batcher.idle_notices),

@@ -95,11 +95,8 @@ async def test_a_failing_drain_fails_only_its_steps_and_is_counted(servers, tmp_
 async def test_a_held_idle_session_costs_another_session_no_wait(servers, tmp_path, monkeypatch):
     """RECENT_S raised so that main's rule (wait for every session that stepped in the last
     RECENT_S) waits on every step of B; a session whose next step is not due is not waited for."""
-    monkeypatch.setattr(batcher_module, "RECENT_S", 60.0)
-    model_dir = save_tiny("llama", tmp_path / "llama")
-    running = await servers(model_dir, 0, 2, batch_wait_ms=50)
+    running, span = await _server(servers, tmp_path, monkeypatch, batch_wait_ms=50)
     batcher, fp = running.server.sessions.batcher, running.server.backend.fingerprint
-    span = ModelSpan.load(Checkpoint(model_dir), 0, 2)
     async with aiohttp.ClientSession() as http:
         held = await RawSession.open(http, running.url, fp, 0, 2, max_length=32)
         for t in range(4):  # a request's steps, then the session is kept open, idle
@@ -121,6 +118,15 @@ async def test_a_held_idle_session_costs_another_session_no_wait(servers, tmp_pa
         await held.close()
 
 
+async def _server(servers, tmp_path, monkeypatch, batch_wait_ms: int):  # type: ignore[no-untyped-def]
+    """A real server over a tiny Llama's 2 blocks (sessions count as stepping for a minute
+    after their last step: RECENT_S) and the same blocks in-process for reference."""
+    monkeypatch.setattr(batcher_module, "RECENT_S", 60.0)
+    model_dir = save_tiny("llama", tmp_path / "llama")
+    running = await servers(model_dir, 0, 2, batch_wait_ms=batch_wait_ms)
+    return running, ModelSpan.load(Checkpoint(model_dir), 0, 2)
+
+
 async def _decode(remote: RawSession, alone, seed: int, steps: int, gap_s: float = 0.0) -> None:
     """A session's prompt (3 tokens) and decode steps, each checked against `alone`."""
     for t in range(steps):
@@ -134,11 +140,8 @@ async def test_a_prompt_step_does_not_wait_for_decoding_sessions(servers, tmp_pa
     """A decoding session (one token per step) is due right after its step; a prompt step of
     another session could not share its forward, and is not held back for it (main waited
     batch_wait_ms for it: `drift api`'s new request waited for the rows it was holding up)."""
-    monkeypatch.setattr(batcher_module, "RECENT_S", 60.0)
-    model_dir = save_tiny("llama", tmp_path / "llama")
-    running = await servers(model_dir, 0, 2, batch_wait_ms=200)
+    running, span = await _server(servers, tmp_path, monkeypatch, batch_wait_ms=200)
     batcher, fp = running.server.sessions.batcher, running.server.backend.fingerprint
-    span = ModelSpan.load(Checkpoint(model_dir), 0, 2)
     async with aiohttp.ClientSession() as http:
         decoding = await RawSession.open(http, running.url, fp, 0, 2, max_length=32)
         await _decode(decoding, span.new_session(batch_size=1, max_length=32), 0, 4)
@@ -156,11 +159,8 @@ async def test_a_session_waited_for_in_vain_is_not_waited_for_again(servers, tmp
     held for the next turn) stays due for 2 x 0.4 s + batch_wait_ms: another session's steps
     wait for it once, in vain, then no more until it steps again (main: on each step of the
     other session for those 0.85 s)."""
-    monkeypatch.setattr(batcher_module, "RECENT_S", 60.0)
-    model_dir = save_tiny("llama", tmp_path / "llama")
-    running = await servers(model_dir, 0, 2, batch_wait_ms=50)
+    running, span = await _server(servers, tmp_path, monkeypatch, batch_wait_ms=50)
     batcher, fp = running.server.sessions.batcher, running.server.backend.fingerprint
-    span = ModelSpan.load(Checkpoint(model_dir), 0, 2)
     async with aiohttp.ClientSession() as http:
         held = await RawSession.open(http, running.url, fp, 0, 2, max_length=32)
         await _decode(held, span.new_session(batch_size=1, max_length=32), 0, 4, gap_s=0.4)
@@ -176,11 +176,8 @@ async def test_a_session_its_client_says_is_idle_is_not_waited_for(servers, tmp_
     """As above, but the held session's client sends `idle` after its last step (drift api
     does, holding it for the next turn): the other session's steps wait for it not even once,
     and the held session's next step is exact and waited for again (main: one vain wait)."""
-    monkeypatch.setattr(batcher_module, "RECENT_S", 60.0)
-    model_dir = save_tiny("llama", tmp_path / "llama")
-    running = await servers(model_dir, 0, 2, batch_wait_ms=50)
+    running, span = await _server(servers, tmp_path, monkeypatch, batch_wait_ms=50)
     batcher, fp = running.server.sessions.batcher, running.server.backend.fingerprint
-    span = ModelSpan.load(Checkpoint(model_dir), 0, 2)
     async with aiohttp.ClientSession() as http:
         held = await RawSession.open(http, running.url, fp, 0, 2, max_length=32)
         held_alone = span.new_session(batch_size=1, max_length=32)
@@ -200,3 +197,33 @@ async def test_a_session_its_client_says_is_idle_is_not_waited_for(servers, tmp_
         assert len(batcher._seen) == 2  # it steps again: waited for again
         await other.close()
         await held.close()
+
+
+async def test_a_session_that_closes_while_waited_for_is_waited_for_no_longer(
+    servers, tmp_path, monkeypatch
+):
+    """A drain waiting for a stepping session's step stops when that session closes (its
+    cache is freed on the compute thread, behind the very drain waiting for it: main waited
+    out the whole batch_wait_ms, 3 s here, for a session already gone)."""
+    running, span = await _server(servers, tmp_path, monkeypatch, batch_wait_ms=3000)
+    batcher, fp = running.server.sessions.batcher, running.server.backend.fingerprint
+    async with aiohttp.ClientSession() as http:
+        closing = await RawSession.open(http, running.url, fp, 0, 2, max_length=32)
+        await _decode(closing, span.new_session(batch_size=1, max_length=32), 0, 4, gap_s=0.3)
+        other = await RawSession.open(http, running.url, fp, 0, 2, max_length=32)
+        alone = span.new_session(batch_size=1, max_length=32)
+        await _decode(other, alone, 100, 1)  # a prompt's step: it waits for nobody
+        assert batcher.waits == 0
+        x = _hidden(101, 1)
+        step = asyncio.create_task(other.step(x, 3))  # waits for `closing`'s next step...
+        for _ in range(200):
+            if batcher.queued == 1:  # queued: a drain job waits with it for `closing`
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        await closing.close()  # ...which never comes
+        torch.testing.assert_close(await step, alone.step(x), atol=1e-5, rtol=0)
+        assert batcher.waits == 1 and batcher.wait_s_total < 1.5, batcher.wait_s_total
+        metrics = await _metrics(http, running.url)
+        assert metrics["drift_batch_wait_seconds_total"] == pytest.approx(batcher.wait_s_total)
+        await other.close()
