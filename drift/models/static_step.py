@@ -1,6 +1,7 @@
 """Lean decode steps: one new token per session through a span's layers, no generation machinery.
 
-For Llama-shaped dense layers (llama, qwen2, qwen3; no sliding window) a decode step (T = 1)
+For Llama-shaped dense layers (llama, qwen2, qwen3, and mistral without a sliding window, as
+Mistral 7B v0.2+ and Mistral Small are) a decode step (T = 1)
 calls each layer's own modules directly: norms, projections, rotary, SDPA over the session's
 keys/values, MLP. Keys/values grow in a preallocated buffer per session and layer
 (`KVBuffers`), whose prefix view is the DynamicCache layer's keys/values, so prefill,
@@ -24,7 +25,7 @@ from drift.models.batch import BatchStep
 from drift.models.session import SpanLayers, SpanSession
 from drift.models.span import positions_from_mask
 
-LEAN_LAYERS = ("LlamaDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer")
+LEAN_LAYERS = ("LlamaDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer", "MistralDecoderLayer")
 MIN_ROOM = 64  # tokens: the smallest buffer a session's layer gets
 
 

@@ -8,6 +8,9 @@ server then runs them eagerly).
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
@@ -62,6 +65,25 @@ def test_lean_steps_match_transformers(family, tiny_dirs) -> None:
         ours, theirs = _lean_logits(tiny, ids, 6, m)
         worst = max((a - b).abs().max().item() for a, b in zip(ours, theirs, strict=True))
         assert worst < 1e-4, (family, m is not None, worst)
+
+
+def test_mistral_without_a_sliding_window_steps_lean(tiny_dirs, tmp_path) -> None:
+    """Mistral 7B v0.2+ and Mistral Small set no sliding window: their layers are Llama's, and
+    the lean step runs them (the tiny "mistral", window 4, stays refused below)."""
+    directory = tmp_path / "mistral-no-window"
+    shutil.copytree(tiny_dirs["mistral"], directory)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "sliding_window": None}))
+    tiny = make_tiny("mistral", directory)
+    assert all(refusal(span) is None for span in tiny.spans)
+    ids = torch.tensor([[3, 17, 42, 99, 7], [5, 5, 11, 23, 200]])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    for m in (None, mask):
+        ours, theirs = _lean_logits(tiny, ids, 6, m)
+        worst = max((a - b).abs().max().item() for a, b in zip(ours, theirs, strict=True))
+        assert worst < 1e-4, (m is not None, worst)
+    unit, status = DecodeUnit.build(tiny.spans[0], "auto")
+    assert unit is not None and status.mode == "lean"
 
 
 @pytest.mark.parametrize("family", NOT_LEAN)
