@@ -1,7 +1,8 @@
 """Lean decode steps: one new token per session through a span's layers, no generation machinery.
 
-For Llama-shaped dense layers (llama, qwen2, qwen3, and mistral without a sliding window, as
-Mistral 7B v0.2+ and Mistral Small are) a decode step (T = 1)
+For Llama-shaped layers (llama, qwen2, qwen3, mistral without a sliding window as Mistral 7B
+v0.2+ and Mistral Small are, and the MoE mixtral and qwen3_moe, whose MLP is their sparse block)
+a decode step (T = 1)
 calls each layer's own modules directly: norms, projections, rotary, SDPA over the session's
 keys/values, MLP. Keys/values grow in a preallocated buffer per session and layer
 (`KVBuffers`), whose prefix view is the DynamicCache layer's keys/values, so prefill,
@@ -25,7 +26,14 @@ from drift.models.batch import BatchStep
 from drift.models.session import SpanLayers, SpanSession
 from drift.models.span import positions_from_mask
 
-LEAN_LAYERS = ("LlamaDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer", "MistralDecoderLayer")
+LEAN_LAYERS = (
+    "LlamaDecoderLayer",
+    "Qwen2DecoderLayer",
+    "Qwen3DecoderLayer",
+    "MistralDecoderLayer",
+    "MixtralDecoderLayer",
+    "Qwen3MoeDecoderLayer",
+)
 MIN_ROOM = 64  # tokens: the smallest buffer a session's layer gets
 
 
@@ -42,6 +50,7 @@ def refusal(span: SpanLayers, quant: str = "none") -> str | None:
     if getattr(span.config, "sliding_window", None) is not None and span.config.model_type not in (
         "qwen2",
         "qwen3",
+        "qwen3_moe",
     ):
         return "sliding-window layers"
     if quant != "none":

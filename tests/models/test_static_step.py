@@ -23,8 +23,8 @@ from drift.models.static_step import LeanDecoder, refusal
 from drift.server.compiled import DecodeUnit
 from tests.models.tiny_spans import SPLITS, make_tiny
 
-LEAN = ("llama", "qwen2", "qwen3")
-NOT_LEAN = ("mistral", "gemma2", "gemma3_text", "mixtral", "qwen3_moe", "falcon", "bloom")
+LEAN = ("llama", "qwen2", "qwen3", "mixtral", "qwen3_moe")
+NOT_LEAN = ("mistral", "gemma2", "gemma3_text", "falcon", "bloom")
 
 
 def _lean_logits(tiny, ids: torch.Tensor, steps: int, mask: torch.Tensor | None = None):
