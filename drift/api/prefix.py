@@ -112,7 +112,7 @@ class SessionPool:
             dropped = []
             while len(self._held) > self.max_sessions:
                 dropped.append(self._held.popitem(last=False)[1])
-        if all(h.session is not session for h in dropped):
+        if all(h.session is not session for h in dropped):  # max_sessions 0 drops it at once
             session.idle()
         for held in dropped:
             held.session.close(wait=False)

@@ -20,9 +20,10 @@ that ended while its session is held for the next turn costs one wait, not one p
 of its gap), nor one whose client said it is idle (`idle`: a session held for a later
 turn, announced by drift.wire's `idle` message) or that closed (`forget`): a drain waiting
 for it stops at once. A wait that ends with no new step is counted (`vain_waits`), and
-every wait's seconds (`wait_s_total`). A group whose forward fails is rerun step by step, so an error reaches only its own session; any other failure of a
-drain job fails only the steps it took, is counted (`drains_failed`) and leaves the
-batcher ready for the next step. Knows nothing about HTTP.
+every wait's seconds (`wait_s_total`). A group whose forward fails is rerun step by step,
+so an error reaches only its own session; any other failure of a drain job fails only the
+steps it took, is counted (`drains_failed`) and leaves the batcher ready for the next step.
+Knows nothing about HTTP.
 """
 
 from __future__ import annotations
