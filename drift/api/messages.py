@@ -1,8 +1,9 @@
 """Chat messages, tool definitions and tool choice of an OpenAI request, as frozen types.
 
 `parse_messages`, `parse_tools` and `parse_tool_choice` validate the JSON once and raise
-`BadRequest` naming the field: unknown roles, tool calls whose arguments are not a JSON
-object, tool messages without `tool_call_id`, a named tool_choice that is not in `tools`.
+`BadRequest` naming the field: unknown roles, tool calls without a name, id or string
+arguments (any text: a call cut off by max_tokens comes back unfinished), tool messages
+without `tool_call_id`, a named tool_choice that is not in `tools`.
 Knows nothing of templates or tokens.
 """
 
@@ -23,7 +24,15 @@ NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function nam
 class ToolCall:
     id: str
     name: str
-    arguments: str  # JSON text of an object, as OpenAI sends it
+    arguments: str  # as OpenAI sends it: JSON text of an object, or what a cut-off call wrote
+
+    def parsed_arguments(self) -> dict[str, Any] | str:
+        """The arguments as a dict when they are a JSON object, else the text as it is."""
+        try:
+            value = json.loads(self.arguments)
+        except json.JSONDecodeError:
+            return self.arguments
+        return value if isinstance(value, dict) else self.arguments
 
 
 @dataclass(frozen=True)
@@ -102,12 +111,8 @@ def _tool_call(where: str, call: Any) -> ToolCall:
         raise _bad(f"{where}.function.name", "a tool call needs a function 'name'")
     if not isinstance(arguments, str):
         raise _bad(f"{where}.function.arguments", "'arguments' must be a string of JSON")
-    try:
-        parsed = json.loads(arguments)
-    except json.JSONDecodeError as exc:
-        raise _bad(f"{where}.function.arguments", f"'arguments' is not valid JSON: {exc}") from exc
-    if not isinstance(parsed, dict):
-        raise _bad(f"{where}.function.arguments", "'arguments' must encode a JSON object")
+    # not parsed: a call the model cut off (finish_reason "length") comes back in the history
+    # as it was answered, arguments unfinished, and OpenAI takes it so
     call_id = call.get("id")
     if not isinstance(call_id, str) or not call_id:
         raise _bad(f"{where}.id", "a tool call needs a string 'id'")

@@ -84,7 +84,8 @@ def generic_messages(
 
 
 def native_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
-    """The conversation in transformers' chat-template convention (arguments as dicts)."""
+    """The conversation in transformers' chat-template convention: arguments as dicts (text
+    where they are not a JSON object, which templates such as Qwen's write as they are)."""
     out: list[dict[str, Any]] = []
     for msg in messages:
         role = "system" if msg.role == "developer" else msg.role
@@ -92,7 +93,7 @@ def native_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
         if msg.tool_calls:
             item["tool_calls"] = [
                 {"id": c.id, "type": "function",
-                 "function": {"name": c.name, "arguments": json.loads(c.arguments)}}
+                 "function": {"name": c.name, "arguments": c.parsed_arguments()}}
                 for c in msg.tool_calls
             ]  # fmt: skip
         if msg.tool_call_id is not None:

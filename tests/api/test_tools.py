@@ -231,3 +231,29 @@ async def test_bad_tool_requests_are_400(client) -> None:
         with pytest.raises(openai.BadRequestError) as info:
             await client.chat.completions.create(model=MODEL_ID, messages=ASK, **extra)
         assert info.value.param == param, (extra, info.value.message)
+
+
+async def test_a_call_cut_off_by_max_tokens_comes_back_in_the_history(client) -> None:
+    """An agent sends the answer back as it got it: a call cut off by max_tokens has arguments
+    that are not JSON yet. OpenAI takes that history; so does drift api, both formats."""
+    forced = {"type": "function", "function": {"name": "get_weather"}}
+    header = len(call_text("get_weather", "")) - len("}\n</tool_call>")  # one token per char
+    resp = await client.chat.completions.create(
+        model=MODEL_ID, messages=ASK, tools=TOOLS, tool_choice=forced, max_tokens=header + 4,
+        temperature=0)  # fmt: skip
+    choice = resp.choices[0]
+    assert choice.finish_reason == "length"
+    cut = choice.message.tool_calls[0]
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(cut.function.arguments)
+    history = [*ASK, choice.message.model_dump(exclude_none=True),
+               {"role": "tool", "tool_call_id": cut.id, "content": "unknown"}]  # fmt: skip
+    again = await client.chat.completions.create(
+        model=MODEL_ID, messages=history, tools=TOOLS, max_tokens=4, temperature=0)
+    assert again.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    messages = parse_messages(history)
+    generic = CausalLMEngine(tiny_chat_model(), char_tokenizer(), model_id="m")
+    assert call_text("get_weather", cut.function.arguments) in generic.template.render(
+        messages, parse_tools(TOOLS))  # fmt: skip
+    native = CausalLMEngine(tiny_chat_model(), char_tokenizer(HERMES), model_id="m")
+    assert cut.function.arguments in native.template.render(messages, parse_tools(TOOLS))
