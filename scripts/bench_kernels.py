@@ -1,7 +1,7 @@
 """One span's decode step: eager (the server's batched path) vs lean vs compiled, same weights.
 
-A SmolLM2 span (default blocks 0:15) takes a 64-token prefill, then `--steps` decode steps of
-one token, through (1) drift.models.batch.run_steps, what a server runs with `--compile off`;
+A SmolLM2 span (default blocks 0:15; `--model gemma3-270m` and others too) takes a `--past`-token
+prefill (default 64), then `--steps` decode steps of one token, through (1) drift.models.batch.run_steps, what a server runs with `--compile off`;
 (2) the lean step (drift.models.static_step) uncompiled; (3) the lean step compiled
 (drift.server.compiled, inductor; the compile time is printed). Prints ms per step, the ratios
 to eager, and with `LLAMA_CPP=/path/to/llama-bench` (and `--gguf`) llama.cpp's ms per token
@@ -31,32 +31,34 @@ from drift.models.span import ModelSpan  # noqa: E402
 from drift.models.static_step import LeanDecoder  # noqa: E402
 from drift.server.compiled import DecodeUnit  # noqa: E402
 
-PREFILL = 64
 Runner = Callable[[list[BatchStep]], list[torch.Tensor]]
 
 
-def decode_ms(span: ModelSpan, run: Runner, steps: int, rows: int) -> float:
-    """Mean ms per decode step over `steps` steps, `rows` sessions per step, 64-token pasts."""
+def decode_ms(span: ModelSpan, run: Runner, steps: int, rows: int, past: int) -> float:
+    """Mean ms per decode step over `steps` steps, `rows` sessions per step, `past`-token pasts."""
     hidden = int(span.config.hidden_size)
     gen = torch.Generator().manual_seed(0)
-    sessions = [span.new_session(batch_size=1, max_length=PREFILL + steps + 1)
+    sessions = [span.new_session(batch_size=1, max_length=past + steps + 1)
                 for _ in range(rows)]  # fmt: skip
     for s in sessions:
-        s.run(0, torch.randn(1, PREFILL, hidden, generator=gen).to(span.dtype))
+        s.run(0, torch.randn(1, past, hidden, generator=gen).to(span.dtype))
     x = [torch.randn(1, 1, hidden, generator=gen).to(span.dtype) for _ in sessions]
     started = time.perf_counter()
     for i in range(steps):
-        run([BatchStep(s, PREFILL + i, xi) for s, xi in zip(sessions, x, strict=True)])
-    return (time.perf_counter() - started) / steps * 1000
+        run([BatchStep(s, past + i, xi) for s, xi in zip(sessions, x, strict=True)])
+    took = (time.perf_counter() - started) / steps * 1000
+    for s in sessions:
+        s.close()
+    return took
 
 
 def interleaved(variants: dict[str, tuple[ModelSpan, Runner]], steps: int, rows: int,
-                reps: int) -> dict[str, float]:  # fmt: skip
+                reps: int, past: int) -> dict[str, float]:  # fmt: skip
     """Each variant once per rep, in turn (the machine is shared: the best rep of each)."""
     times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(reps):
         for name, (span, run) in variants.items():
-            times[name].append(decode_ms(span, run, steps, rows))
+            times[name].append(decode_ms(span, run, steps, rows, past))
     return {name: min(t) for name, t in times.items()}
 
 
@@ -79,6 +81,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--rows", type=int, default=1, help="sessions stepping together")
+    parser.add_argument("--past", type=int, default=64, help="tokens each session holds")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
         "--compile",
@@ -91,7 +94,7 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     start, end = (int(b) for b in args.blocks.split(":"))
     span = ModelSpan.load(open_checkpoint(args.model), start, end, dtype=dtype)
-    print(f"{args.model} blocks {start}:{end} {args.dtype}, {PREFILL}-token past, "
+    print(f"{args.model} blocks {start}:{end} {args.dtype}, {args.past}-token past, "
           f"{args.rows} session(s) per step, {args.threads} thread(s)")  # fmt: skip
     relaid = ModelSpan.load(open_checkpoint(args.model), start, end, dtype=dtype)
     unit = DecodeUnit(relaid, compiled=False)  # the lean step, float32 weights stored [in, out]
@@ -106,7 +109,7 @@ def main() -> None:
         status = compiled.warm_up()
         print(f"compile + warm-up: {status.compile_s:.1f} s")
         variants["compiled"] = (relaid, compiled.run)
-    results = interleaved(variants, args.steps, args.rows, args.reps)
+    results = interleaved(variants, args.steps, args.rows, args.reps, args.past)
     ref = llama_cpp_ms(args.gguf)
     for name, ms in results.items():
         print(f"{name:>12}: {ms:7.2f} ms/step  x{results['eager'] / ms:.2f} vs eager")

@@ -1,11 +1,13 @@
 """Lean decode steps: one new token per session through a span's layers, no generation machinery.
 
-For Llama-shaped layers (llama, qwen2, qwen3, mistral without a sliding window as Mistral 7B
-v0.2+ and Mistral Small are, and the MoE mixtral and qwen3_moe, whose MLP is their sparse block)
-a decode step (T = 1)
-calls each layer's own modules directly: norms, projections, rotary, SDPA over the session's
-keys/values, MLP. Keys/values grow in a preallocated buffer per session and layer
-(`KVBuffers`), whose prefix view is the DynamicCache layer's keys/values, so prefill,
+For Llama-shaped layers (llama, qwen2, qwen3, mistral, and the MoE mixtral and qwen3_moe, whose
+MLP is their sparse block) and Gemma 2 / Gemma 3's (the same attention inputs; norms after
+attention and around the MLP; Gemma 2's attention logits capped) a decode step (T = 1) calls
+each layer's own modules directly: norms, projections, rotary (one per layer type for Gemma 3),
+attention over the session's keys/values, MLP. A sliding-window layer attends the last
+`sliding_window` slots of its past, a view: its cache records the whole past (drift.models.
+cache), as the eager path's does. Keys/values grow in a preallocated buffer per session and
+layer (`KVBuffers`), whose prefix view is the DynamicCache layer's keys/values, so prefill,
 rollback, beam reorder and batching (drift.models.batch) keep working on the cache as before.
 Sessions stepping together share the projections and MLP (one weight read) while each attends
 its own past (no past is copied). `refusal` says what it does not cover: run the eager path.
@@ -13,6 +15,7 @@ its own past (no past is copied). `refusal` says what it does not cover: run the
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,7 +23,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from drift.models.batch import BatchStep
 from drift.models.session import SpanLayers, SpanSession
@@ -33,7 +36,10 @@ LEAN_LAYERS = (
     "MistralDecoderLayer",
     "MixtralDecoderLayer",
     "Qwen3MoeDecoderLayer",
+    "Gemma2DecoderLayer",
+    "Gemma3DecoderLayer",
 )
+LAYER_TYPES = ("full_attention", "sliding_attention")
 MIN_ROOM = 64  # tokens: the smallest buffer a session's layer gets
 
 
@@ -41,20 +47,23 @@ def refusal(span: SpanLayers, quant: str = "none") -> str | None:
     """Why the lean step cannot run this span (None: it can)."""
     kinds = {type(layer).__name__ for layer in span.layers}
     if not kinds <= set(LEAN_LAYERS):
-        return f"layers {sorted(kinds)} are not Llama-shaped dense layers"
-    if getattr(span.config, "use_sliding_window", False) or any(
-        span.adapter.layer_type(span.start_block + i) != "full_attention"
-        for i in range(len(span.layers))
+        return f"layers {sorted(kinds)} are not Llama- or Gemma-shaped dense layers"
+    types = {span.adapter.layer_type(span.start_block + i) for i in range(len(span.layers))}
+    if not types <= set(LAYER_TYPES):
+        return f"layer types {sorted(types - set(LAYER_TYPES))}"
+    if "sliding_attention" in types and not isinstance(
+        getattr(span.config, "sliding_window", None), int
     ):
-        return "sliding-window layers"
-    if getattr(span.config, "sliding_window", None) is not None and span.config.model_type not in (
-        "qwen2",
-        "qwen3",
-        "qwen3_moe",
-    ):
-        return "sliding-window layers"
+        return "sliding-window layers without a sliding_window size"
     if quant != "none":
         return f"{quant}-quantized weights"
+    return None
+
+
+def window_of(span: SpanLayers, index: int) -> int | None:
+    """The tokens layer `index` attends (its sliding window), or None: all of its past."""
+    if span.adapter.layer_type(index) == "sliding_attention":
+        return int(span.config.sliding_window)
     return None
 
 
@@ -74,8 +83,11 @@ class KVBuffers:
                max_length: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """Write k, v [b, H_kv, 1, D] after the layer's past; its keys/values become views of
         the buffer (copied into a new one only when the past is not already its prefix)."""
-        if not isinstance(layer, DynamicLayer) or type(layer).__name__ != "DynamicLayer":
-            raise TypeError(f"the lean step keeps no {type(layer).__name__}")
+        sliding = isinstance(layer, DynamicSlidingWindowLayer)
+        if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer) or (
+            sliding and not layer.record_past
+        ):
+            raise TypeError(f"the lean step keeps no {type(layer).__name__} (whole past needed)")
         if not layer.is_initialized:
             layer.lazy_initialization(k, v)
         past, past_values = layer.keys, layer.values
@@ -93,6 +105,8 @@ class KVBuffers:
         held.keys[:, :, n].copy_(k[:, :, 0])
         held.values[:, :, n].copy_(v[:, :, 0])
         layer.keys, layer.values = held.keys[:, :, : n + 1], held.values[:, :, : n + 1]
+        if sliding:  # it records its whole past: the tokens seen are the tokens kept
+            layer.cumulative_length = n + 1
         return layer.keys, layer.values
 
 
@@ -135,6 +149,38 @@ def attn_outputs(layer: Any, h: torch.Tensor, attn: torch.Tensor) -> torch.Tenso
     return h + layer.mlp(layer.post_attention_layernorm(h))
 
 
+def gemma_attn_outputs(layer: Any, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    """attn_outputs for Gemma 2 / 3: a norm after attention, and norms before and after the MLP."""
+    a = layer.self_attn.o_proj(attn.transpose(1, 2).reshape(h.shape[0], 1, -1))
+    h = h + layer.post_attention_layernorm(a)
+    return h + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h)))
+
+
+def dense_parts(span: SpanLayers) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """The span's (attention inputs, attention outputs + MLP) functions."""
+    gemma = all(hasattr(layer, "pre_feedforward_layernorm") for layer in span.layers)
+    return attn_inputs, gemma_attn_outputs if gemma else attn_outputs
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+           scale: float, softcap: float | None) -> torch.Tensor:  # fmt: skip
+    """q [b, Hq, 1, D] over keys/values [b, Hkv, n, D] (mask [b, 1, 1, n] bool or None);
+    with `softcap`, logits are capped (cap * tanh(logits / cap)) before the softmax, as
+    transformers' eager attention does for Gemma 2 (sdpa has no such step)."""
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
+                                              enable_gqa=True)  # fmt: skip
+    b, hq, _, d = q.shape
+    hkv = keys.shape[1]
+    grouped = q.reshape(b, hkv, hq // hkv, d)  # q head i*g + j reads kv head i (repeat_kv)
+    logits = torch.matmul(grouped, keys.transpose(-1, -2)) * scale
+    logits = torch.tanh(logits / softcap) * softcap
+    if mask is not None:
+        logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
+    weights = torch.softmax(logits, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(weights, values).reshape(b, hq, 1, d)
+
+
 Part = Callable[..., Any]
 
 
@@ -156,12 +202,20 @@ def relayout_linears(span: SpanLayers) -> int:
 class LeanDecoder:
     """Decode steps (one token per row) of sessions over one span, run directly."""
 
-    def __init__(self, span: SpanLayers, *, pre: Part = attn_inputs, post: Part = attn_outputs,
+    def __init__(self, span: SpanLayers, *, pre: Part | None = None, post: Part | None = None,
                  ) -> None:  # fmt: skip
         self.span = span
         self.rotary = span.aux.get_submodule("rotary_emb")  # type: ignore[attr-defined]
-        self.pre, self.post = pre, post  # the dense parts: plain, or compiled
+        # Gemma 3: one rotary per layer type (rotary_emb(h, positions, layer_type))
+        self.typed_rotary = "layer_type" in inspect.signature(self.rotary.forward).parameters
+        plain_pre, plain_post = dense_parts(span)
+        self.pre, self.post = pre or plain_pre, post or plain_post  # plain, or compiled
         self.buffers = KVBuffers()
+        first = span.start_block
+        self.kinds = {i: span.adapter.layer_type(i) for i in range(first, first + len(span.layers))}
+        self.windows = {i: window_of(span, i) for i in self.kinds}
+        softcap = getattr(span.config, "attn_logit_softcapping", None)
+        self.softcap = float(softcap) if softcap else None
 
     def takes(self, steps: Sequence[BatchStep]) -> bool:
         """Steps this decoder runs: one token per row, distinct sessions of this span."""
@@ -195,23 +249,29 @@ class LeanDecoder:
                 h: torch.Tensor) -> torch.Tensor:  # fmt: skip
         """h [R, 1, H] through every session's layers (all sessions share layer_ids)."""
         positions = torch.cat([positions_from_mask(m, 1) for m in masks])  # [R, 1]
-        cos, sin = self.rotary(h, positions)  # [R, 1, D]
+        span = self.span
+        kinds = {self.kinds[i] for i in sessions[0].layer_ids}
+        if self.typed_rotary:
+            rotary = {kind: self.rotary(h, positions, kind) for kind in kinds}  # [R, 1, D]
+        else:
+            rotary = dict.fromkeys(kinds, self.rotary(h, positions))
         rows = [int(m.shape[0]) for m in masks]
         # a row's mask is needed only where it holds left padding
         attn_masks = [None if bool(m.all()) else m[:, None, None, :] for m in masks]
-        span = self.span
         for index in sessions[0].layer_ids:
             layer = span.layers[index - span.start_block]
-            q, k, v = self.pre(layer, h, cos, sin)
+            q, k, v = self.pre(layer, h, *rotary[self.kinds[index]])
+            window = self.windows[index]
             outs, row = [], 0
             for s, b, mask in zip(sessions, rows, attn_masks, strict=True):
                 keys, values = self.buffers.append(
                     s.cache.layers[index], k[row : row + b], v[row : row + b], s.max_length
                 )
-                outs.append(F.scaled_dot_product_attention(
-                    q[row : row + b], keys, values, attn_mask=mask,
-                    scale=layer.self_attn.scaling, enable_gqa=True,
-                ))  # fmt: skip
+                if window is not None and keys.shape[-2] > window:  # the last `window` slots
+                    keys, values = keys[:, :, -window:], values[:, :, -window:]
+                    mask = None if mask is None else mask[..., -window:]
+                outs.append(attend(q[row : row + b], keys, values, mask,
+                                   layer.self_attn.scaling, self.softcap))  # fmt: skip
                 row += b
             attn = outs[0] if len(outs) == 1 else torch.cat(outs)
             h = self.post(layer, h, attn)

@@ -3,8 +3,8 @@
 `--compile on` runs plain decode steps (one token per row) through the lean step with its dense
 parts compiled by torch.compile (inductor); `auto` (the default) compiles on accelerators only
 and runs the lean step uncompiled on a CPU (measured there: compiling buys ~nothing for ~40 s,
-and bf16 spans ran slower lean, so they stay eager; scripts/bench_kernels.py); `off` keeps the eager transformers path. A span the lean step does
-not cover runs eagerly whatever the setting. Compiling happens in `warm_up` (at start-up, on the
+and bf16 spans ran slower lean, so they stay eager; scripts/bench_kernels.py); `off` keeps the
+eager transformers path. A span the lean step does not cover runs eagerly whatever the setting. Compiling happens in `warm_up` (at start-up, on the
 compute thread, logged, shown in /blocks), never inside a user's first step.
 """
 
@@ -23,8 +23,7 @@ from drift.models.batch import BatchStep
 from drift.models.session import SpanSession
 from drift.models.static_step import (
     LeanDecoder,
-    attn_inputs,
-    attn_outputs,
+    dense_parts,
     refusal,
     relayout_linears,
 )
@@ -63,8 +62,9 @@ class DecodeUnit:
         # 1.2e-4, past the 1e-4 the default path keeps with local transformers
         self.relaid = relayout_linears(span) if compiled else 0
         if compiled:
-            pre = torch.compile(attn_inputs, dynamic=True, fullgraph=True)
-            post = torch.compile(attn_outputs, dynamic=True, fullgraph=True)
+            pre, post = dense_parts(span)
+            pre = torch.compile(pre, dynamic=True, fullgraph=True)
+            post = torch.compile(post, dynamic=True, fullgraph=True)
             self.decoder = LeanDecoder(span, pre=pre, post=post)
         else:
             self.decoder = LeanDecoder(span)

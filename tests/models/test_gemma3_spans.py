@@ -14,10 +14,12 @@ import pytest
 import torch
 from transformers import AutoTokenizer, DynamicCache, Gemma3ForCausalLM
 
+from drift.models.batch import BatchStep
 from drift.models.checkpoint import Checkpoint, open_checkpoint
 from drift.models.head import ClientHead
 from drift.models.registry import get_adapter
 from drift.models.span import ModelSpan
+from drift.models.static_step import LeanDecoder
 from tests.models.span_checks import REAL_MODEL_CHECKS
 from tests.models.tiny_spans import Tiny
 
@@ -58,18 +60,24 @@ def prompt_ids(gemma3: Tiny) -> torch.Tensor:
     return ids
 
 
-def _greedy(model: Tiny, ids: torch.Tensor, steps: int = 20) -> tuple[list, list, float]:
-    """The prompt then `steps` greedy tokens: spans with sessions vs the full model with cache."""
+def _greedy(model: Tiny, ids: torch.Tensor, steps: int = 20,
+            lean: bool = False) -> tuple[list, list, float]:  # fmt: skip
+    """The prompt then `steps` greedy tokens: spans with sessions vs the full model with cache;
+    with `lean`, the decode steps run on the servers' lean step (drift.models.static_step)."""
     cache = DynamicCache(config=model.reference.config)
     length = ids.shape[1] + steps
     sessions = [span.new_session(batch_size=1, max_length=length) for span in model.spans]
+    decoders = [LeanDecoder(span) for span in model.spans]
     ours, theirs, worst = [], [], 0.0
     with torch.no_grad():
         for _ in range(steps + 1):
             ref = model.reference(input_ids=ids, cache=cache, use_cache=True).logits
             hidden = model.head.embed(ids)
-            for session in sessions:
-                hidden = session.step(hidden)
+            for session, decoder in zip(sessions, decoders, strict=True):
+                if lean and ids.shape[1] == 1:
+                    hidden = decoder.run([BatchStep(session, session.position, hidden)])[0]
+                else:
+                    hidden = session.step(hidden)
             got = model.head.logits(hidden)
             worst = max(worst, (got - ref).abs().max().item())
             ours.append(int(got[0, -1].argmax()))
@@ -99,15 +107,18 @@ def test_client_head_scales_embeddings_like_gemma(gemma3: Tiny) -> None:
     assert not torch.allclose(ours, raw)  # the scale is applied, not left to the servers
 
 
-def test_twenty_greedy_steps_match_transformers(gemma3: Tiny, prompt_ids) -> None:
-    ours, theirs, worst = _greedy(gemma3, prompt_ids)
+@pytest.mark.parametrize("lean", [False, True], ids=["eager", "lean"])
+def test_twenty_greedy_steps_match_transformers(gemma3: Tiny, prompt_ids, lean) -> None:
+    ours, theirs, worst = _greedy(gemma3, prompt_ids, lean=lean)
     print(f"\ngemma3 greedy: worst logit diff {worst:.2e}, tokens {ours}")
     assert ours == theirs
     assert worst < 1e-4, worst
     assert len(set(ours)) > 3  # a real continuation, not one token repeated
 
 
-def test_greedy_steps_past_a_small_sliding_window(gemma3: Tiny, prompt_ids, tmp_path) -> None:
+@pytest.mark.parametrize("lean", [False, True], ids=["eager", "lean"])
+def test_greedy_steps_past_a_small_sliding_window(gemma3: Tiny, prompt_ids, tmp_path,
+                                                  lean) -> None:  # fmt: skip
     """The real window (512) is never reached in a short test; same weights, window 16."""
     directory = tmp_path / "gemma3-window16"
     directory.mkdir()
@@ -119,7 +130,7 @@ def test_greedy_steps_past_a_small_sliding_window(gemma3: Tiny, prompt_ids, tmp_
     small = _load(directory, Checkpoint(directory))
     assert small.reference.config.sliding_window == SMALL_WINDOW
     assert prompt_ids.shape[1] + 20 > 2 * SMALL_WINDOW
-    ours, theirs, worst = _greedy(small, prompt_ids)
+    ours, theirs, worst = _greedy(small, prompt_ids, lean=lean)
     print(f"\ngemma3 window {SMALL_WINDOW}: worst logit diff {worst:.2e}, tokens {ours}")
     assert ours == theirs
     assert worst < 1e-4, worst

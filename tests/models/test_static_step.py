@@ -23,8 +23,8 @@ from drift.models.static_step import LeanDecoder, refusal
 from drift.server.compiled import DecodeUnit
 from tests.models.tiny_spans import SPLITS, make_tiny
 
-LEAN = ("llama", "qwen2", "qwen3", "mixtral", "qwen3_moe")
-NOT_LEAN = ("mistral", "gemma2", "gemma3_text", "falcon", "bloom")
+LEAN = ("llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen3_moe", "gemma2", "gemma3_text")
+NOT_LEAN = ("falcon", "bloom")
 
 
 def _lean_logits(tiny, ids: torch.Tensor, steps: int, mask: torch.Tensor | None = None):
@@ -71,17 +71,29 @@ def test_lean_steps_match_transformers(family, tiny_dirs) -> None:
     _assert_lean_matches(make_tiny(family, tiny_dirs[family]))
 
 
-def test_mistral_without_a_sliding_window_steps_lean(tiny_dirs, tmp_path) -> None:
-    """Mistral 7B v0.2+ and Mistral Small set no sliding window: their layers are Llama's, and
-    the lean step runs them (the tiny "mistral", window 4, stays refused below)."""
-    directory = tmp_path / "mistral-no-window"
-    shutil.copytree(tiny_dirs["mistral"], directory)
+def _variant(tiny_dirs, tmp_path, family: str, **changes):
+    """The tiny `family` with its config changed."""
+    directory = tmp_path / f"{family}-variant"
+    shutil.copytree(tiny_dirs[family], directory)
     config = json.loads((directory / "config.json").read_text())
-    (directory / "config.json").write_text(json.dumps({**config, "sliding_window": None}))
-    tiny = make_tiny("mistral", directory)
+    (directory / "config.json").write_text(json.dumps({**config, **changes}))
+    return make_tiny(family, directory)
+
+
+def test_mistral_without_a_sliding_window_steps_lean(tiny_dirs, tmp_path) -> None:
+    """Mistral 7B v0.2+ and Mistral Small set no sliding window: every layer attends its whole
+    past (the tiny "mistral" has a window of 4, which the six steps above cross)."""
+    tiny = _variant(tiny_dirs, tmp_path, "mistral", sliding_window=None)
     _assert_lean_matches(tiny)
     unit, status = DecodeUnit.build(tiny.spans[0], "auto")
     assert unit is not None and status.mode == "lean"
+
+
+def test_gemma2_attention_logits_capped_as_transformers_caps_them(tiny_dirs, tmp_path) -> None:
+    """Random tiny weights keep attention logits far under Gemma 2's cap of 50, where capping
+    changes nothing; a cap of 0.05 over unscaled logits changes the logits by ~3e-2."""
+    _assert_lean_matches(_variant(tiny_dirs, tmp_path, "gemma2", attn_logit_softcapping=0.05,
+                                  query_pre_attn_scalar=1))  # fmt: skip
 
 
 @pytest.mark.parametrize("family", NOT_LEAN)
@@ -93,9 +105,10 @@ def test_other_families_are_refused_and_stay_eager(family, tiny_dirs) -> None:
     assert unit is None and status.mode == "eager" and "not covered" in status.reason
 
 
-def test_batched_sessions_of_other_lengths_equal_each_alone(tiny_dirs) -> None:
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])  # gemma3: windows of 4, 2 rotaries
+def test_batched_sessions_of_other_lengths_equal_each_alone(family, tiny_dirs) -> None:
     """Two sessions with different pasts in one lean step: each as its own eager step."""
-    span = make_tiny("llama", tiny_dirs["llama"]).spans[1]
+    span = make_tiny(family, tiny_dirs[family]).spans[1]
     gen = torch.Generator().manual_seed(0)
     lean, eager = [], []
     for past in (3, 9):
@@ -114,10 +127,11 @@ def test_batched_sessions_of_other_lengths_equal_each_alone(tiny_dirs) -> None:
     assert [s.position for s in lean] == [8, 14]
 
 
-def test_rollback_reorder_and_eager_steps_between_lean_ones(tiny_dirs) -> None:
+@pytest.mark.parametrize("family", ["qwen3", "mistral"])  # mistral: a window of 4 throughout
+def test_rollback_reorder_and_eager_steps_between_lean_ones(family, tiny_dirs) -> None:
     """The lean step's preallocated keys stay the session's cache: a rollback, a beam reorder
     and an eager multi-token step in between leave it as exact as eager steps throughout."""
-    span = make_tiny("qwen3", tiny_dirs["qwen3"]).spans[0]
+    span = make_tiny(family, tiny_dirs[family]).spans[0]
     decoder = LeanDecoder(span)
     gen = torch.Generator().manual_seed(1)
     a, b = (span.new_session(batch_size=2, max_length=40) for _ in range(2))
