@@ -32,12 +32,13 @@ import aiohttp
 
 from drift.client.config import ClientConfig
 from drift.client.routing import Hop
-from drift.client.transport import SpanSocket, close_all
+from drift.client.transport import SpanSocket, close_all, close_ws
 from drift.wire.errors import DriftError, PeerUnavailable
 
 log = logging.getLogger(__name__)
 
 Connect = Callable[[Hop], Awaitable[aiohttp.ClientWebSocketResponse]]
+CLOSE_TIMEOUT_S = 10.0  # a spare's close waits this long for its server (aiohttp's own default)
 
 
 class Spares:
@@ -163,5 +164,4 @@ class Spares:
 
 
 async def _close(ws: aiohttp.ClientWebSocketResponse) -> None:
-    with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, ConnectionError):
-        await ws.close()
+    await close_ws(ws, CLOSE_TIMEOUT_S)

@@ -339,16 +339,20 @@ class SpanSocket:
             return reply
 
     async def close(self) -> None:
-        if not self.ws.closed:
-            try:
-                await asyncio.wait_for(self.ws.close(), self.config.connect_timeout_s)
-            except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError):
-                pass
+        await close_ws(self.ws, self.config.connect_timeout_s)
 
 
 def _older(step_id: int | None, expected: int) -> bool:
     """A reply to an earlier step than the one awaited (stale: skipped)."""
     return step_id is not None and step_id < expected
+
+
+async def close_ws(ws: aiohttp.ClientWebSocketResponse, timeout_s: float | None) -> None:
+    """Close a WebSocket, waiting at most `timeout_s` for the server's answer; a connection
+    already gone is closed too (nothing raised)."""
+    if not ws.closed:
+        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, ConnectionError):
+            await asyncio.wait_for(ws.close(), timeout_s)
 
 
 async def close_all(sockets: Iterable[SpanSocket]) -> None:
