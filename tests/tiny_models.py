@@ -177,16 +177,17 @@ GEMMA4_FAMILIES = sorted(GEMMA4_CONFIGS)
 _ALL_CONFIGS = {**TINY_CONFIGS, **GEMMA4_CONFIGS}
 
 
-def tiny_config(family: str):
-    params = dict(_ALL_CONFIGS[family])
+def tiny_config(family: str, **changes: Any):
+    params = {**_ALL_CONFIGS[family], **changes}
     model_type = params.pop("model_type")
     return AutoConfig.for_model(model_type, **params)
 
 
-def build_tiny(family: str, seed: int = 0) -> torch.nn.Module:
-    """A random-weight *ForCausalLM of `family` in float32, eval mode."""
+def build_tiny(family: str, seed: int = 0, **changes: Any) -> torch.nn.Module:
+    """A random-weight *ForCausalLM of `family` (its config with `changes`) in float32, eval
+    mode."""
     torch.manual_seed(seed)
-    config = tiny_config(family)
+    config = tiny_config(family, **changes)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     # Random init leaves some norms at exactly 1 / biases at 0; perturb so every weight matters.
     with torch.no_grad():
@@ -195,8 +196,8 @@ def build_tiny(family: str, seed: int = 0) -> torch.nn.Module:
     return model.eval()
 
 
-def save_tiny(family: str, directory: Path, seed: int = 0) -> Path:
-    model = build_tiny(family, seed)
+def save_tiny(family: str, directory: Path, seed: int = 0, **changes: Any) -> Path:
+    model = build_tiny(family, seed, **changes)
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory, safe_serialization=True)
     return directory

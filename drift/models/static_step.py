@@ -1,8 +1,9 @@
 """Lean decode steps: one new token per session through a span's layers, no generation machinery.
 
 For Llama-shaped layers (llama, qwen2, qwen3, mistral, and the MoE mixtral and qwen3_moe, whose
-MLP is their sparse block) and Gemma 2 / Gemma 3's (the same attention inputs; norms after
-attention and around the MLP; Gemma 2's attention logits capped) a decode step (T = 1) calls
+MLP is their sparse block), Gemma 2 / Gemma 3's (the same attention inputs; norms after
+attention and around the MLP; Gemma 2's attention logits capped) and Falcon's with rotary (one
+fused query_key_value product; attention and MLP in parallel or in turn) a decode step (T = 1) calls
 each layer's own modules directly: norms, projections, rotary (one per layer type for Gemma 3),
 attention over the session's keys/values, MLP. A sliding-window layer attends the last
 `sliding_window` slots of its past, a view: its cache records the whole past (drift.models.
@@ -38,6 +39,7 @@ LEAN_LAYERS = (
     "Qwen3MoeDecoderLayer",
     "Gemma2DecoderLayer",
     "Gemma3DecoderLayer",
+    "FalconDecoderLayer",
 )
 LAYER_TYPES = ("full_attention", "sliding_attention")
 MIN_ROOM = 64  # tokens: the smallest buffer a session's layer gets
@@ -55,8 +57,22 @@ def refusal(span: SpanLayers, quant: str = "none") -> str | None:
         getattr(span.config, "sliding_window", None), int
     ):
         return "sliding-window layers without a sliding_window size"
+    if "FalconDecoderLayer" in kinds and (why := _falcon_refusal(span.config)):
+        return why
     if quant != "none":
         return f"{quant}-quantized weights"
+    return None
+
+
+def _falcon_refusal(config: Any) -> str | None:
+    if config.alibi:
+        return "falcon with ALiBi"
+    if (
+        config.new_decoder_architecture
+        and config.num_ln_in_parallel_attn != 2
+        and not config.parallel_attn
+    ):
+        return "falcon's new architecture with one norm and no parallel attention"
     return None
 
 
@@ -156,10 +172,53 @@ def gemma_attn_outputs(layer: Any, h: torch.Tensor, attn: torch.Tensor) -> torch
     return h + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h)))
 
 
+def _falcon_split(config: Any) -> bool:
+    """Falcon 40B / 180B: attention and MLP each with its own norm (ln_attn, ln_mlp)."""
+    return bool(config.new_decoder_architecture and config.num_ln_in_parallel_attn == 2)
+
+
+def falcon_attn_inputs(layer: Any, h: torch.Tensor, cos: torch.Tensor,
+                       sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """attn_inputs for Falcon: one fused query_key_value product, split as its layout says."""
+    attn, config = layer.self_attention, layer.config
+    x = layer.ln_attn(h) if _falcon_split(config) else layer.input_layernorm(h)
+    rows, d = h.shape[0], attn.head_dim
+    fused = attn.query_key_value(x).view(rows, 1, -1, d)
+    if attn.new_decoder_architecture:  # per kv group: its queries, then its key and value
+        grouped = fused.view(rows, 1, attn.num_kv_heads, -1, d)
+        q, k, v = grouped[..., :-2, :].flatten(-3, -2), grouped[..., -2, :], grouped[..., -1, :]
+    elif attn.multi_query:  # Falcon 7B: one key/value head
+        q, k, v = fused.split([attn.num_heads, 1, 1], dim=-2)
+    else:  # query, key and value interleaved per head
+        q, k, v = fused.unflatten(-2, (attn.num_heads, 3)).unbind(-2)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+    return q * c + _rotate_half(q) * s, k * c + _rotate_half(k) * s, v
+
+
+def falcon_attn_outputs(layer: Any, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    """attn_outputs for Falcon: attention and MLP in parallel (7B, 40B, 180B), or in turn."""
+    config = layer.config
+    a = layer.self_attention.dense(attn.transpose(1, 2).reshape(h.shape[0], 1, -1))
+    if _falcon_split(config):
+        return h + (layer.mlp(layer.ln_mlp(h)) + a)
+    if config.parallel_attn:
+        return h + (layer.mlp(layer.input_layernorm(h)) + a)
+    r = h + a
+    return r + layer.mlp(layer.post_attention_layernorm(r))
+
+
 def dense_parts(span: SpanLayers) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """The span's (attention inputs, attention outputs + MLP) functions."""
+    if all(type(layer).__name__ == "FalconDecoderLayer" for layer in span.layers):
+        return falcon_attn_inputs, falcon_attn_outputs
     gemma = all(hasattr(layer, "pre_feedforward_layernorm") for layer in span.layers)
     return attn_inputs, gemma_attn_outputs if gemma else attn_outputs
+
+
+def _attention(layer: Any) -> Any:
+    """The layer's attention module (Falcon names it self_attention)."""
+    return layer.self_attn if hasattr(layer, "self_attn") else layer.self_attention
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
@@ -271,7 +330,7 @@ class LeanDecoder:
                     keys, values = keys[:, :, -window:], values[:, :, -window:]
                     mask = None if mask is None else mask[..., -window:]
                 outs.append(attend(q[row : row + b], keys, values, mask,
-                                   layer.self_attn.scaling, self.softcap))  # fmt: skip
+                                   _attention(layer).scaling, self.softcap))  # fmt: skip
                 row += b
             attn = outs[0] if len(outs) == 1 else torch.cat(outs)
             h = self.post(layer, h, attn)

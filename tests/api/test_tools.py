@@ -249,7 +249,8 @@ async def test_a_call_cut_off_by_max_tokens_comes_back_in_the_history(client) ->
     history = [*ASK, choice.message.model_dump(exclude_none=True),
                {"role": "tool", "tool_call_id": cut.id, "content": "unknown"}]  # fmt: skip
     again = await client.chat.completions.create(
-        model=MODEL_ID, messages=history, tools=TOOLS, max_tokens=4, temperature=0)
+        model=MODEL_ID, messages=history, tools=TOOLS, max_tokens=4, temperature=0
+    )
     assert again.choices[0].finish_reason in ("stop", "length", "tool_calls")
     messages = parse_messages(history)
     generic = CausalLMEngine(tiny_chat_model(), char_tokenizer(), model_id="m")

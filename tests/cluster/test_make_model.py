@@ -54,3 +54,6 @@ def test_real_shapes_have_their_sizes() -> None:
     assert shapes["model.layers.0.mlp.gate_proj.weight"] == (8192, 3072)
     moe = make_model.param_shapes(make_model.build_config("mixtral-small", torch.bfloat16))
     assert moe["model.layers.0.mlp.experts.gate_up_proj"] == (8, 2 * 2816, 1024)  # 8 experts
+    falcon = make_model.param_shapes(make_model.build_config("falcon-small", torch.bfloat16))
+    # Falcon 7B's layout: 16 query heads and one key/value head of 64 in one fused product
+    assert falcon["transformer.h.7.self_attention.query_key_value.weight"] == (1024 + 128, 1024)

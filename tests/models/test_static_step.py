@@ -22,9 +22,11 @@ from drift.models.span import ModelSpan
 from drift.models.static_step import LeanDecoder, refusal
 from drift.server.compiled import DecodeUnit
 from tests.models.tiny_spans import SPLITS, make_tiny
+from tests.tiny_models import save_tiny
 
-LEAN = ("llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen3_moe", "gemma2", "gemma3_text")
-NOT_LEAN = ("falcon", "bloom")
+LEAN = ("llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen3_moe", "gemma2", "gemma3_text",
+        "falcon")  # fmt: skip
+NOT_LEAN = ("falcon_alibi", "bloom")
 
 
 def _lean_logits(tiny, ids: torch.Tensor, steps: int, mask: torch.Tensor | None = None):
@@ -94,6 +96,20 @@ def test_gemma2_attention_logits_capped_as_transformers_caps_them(tiny_dirs, tmp
     changes nothing; a cap of 0.05 over unscaled logits changes the logits by ~3e-2."""
     _assert_lean_matches(_variant(tiny_dirs, tmp_path, "gemma2", attn_logit_softcapping=0.05,
                                   query_pre_attn_scalar=1))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        dict(multi_query=False, parallel_attn=False),  # query/key/value interleaved, in turn
+        dict(new_decoder_architecture=True, num_kv_heads=2, num_ln_in_parallel_attn=2),  # 40B
+        dict(new_decoder_architecture=True, num_kv_heads=2, num_ln_in_parallel_attn=1),
+    ],
+)
+def test_falcon_layouts_step_lean(changes, tiny_dirs, tmp_path) -> None:
+    """The tiny "falcon" is Falcon 7B's layout (one key/value head, parallel attention);
+    the others as Falcon 40B / 180B and the original RW models lay theirs out."""
+    _assert_lean_matches(make_tiny("falcon", save_tiny("falcon", tmp_path / "falcon", **changes)))
 
 
 @pytest.mark.parametrize("family", NOT_LEAN)
