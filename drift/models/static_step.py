@@ -3,13 +3,14 @@
 For Llama-shaped layers (llama, qwen2, qwen3, mistral, and the MoE mixtral and qwen3_moe, whose
 MLP is their sparse block), Gemma 2 / Gemma 3's (the same attention inputs; norms after
 attention and around the MLP; Gemma 2's attention logits capped) and Falcon's with rotary (one
-fused query_key_value product; attention and MLP in parallel or in turn) a decode step (T = 1) calls
-each layer's own modules directly: norms, projections, rotary (one per layer type for Gemma 3),
-attention over the session's keys/values, MLP. A sliding-window layer attends the last
-`sliding_window` slots of its past, a view: its cache records the whole past (drift.models.
-cache), as the eager path's does. Keys/values grow in a preallocated buffer per session and
-layer (`KVBuffers`), whose prefix view is the DynamicCache layer's keys/values, so prefill,
-rollback, beam reorder and batching (drift.models.batch) keep working on the cache as before.
+fused query_key_value product; attention and MLP in parallel or in turn) a decode step (T = 1)
+calls each layer's own modules directly: norms, projections, rotary (one per layer type for
+Gemma 3), attention over the session's keys/values, MLP. A sliding-window layer attends the
+last `sliding_window` slots of its past, a view: its cache records the whole past
+(drift.models.cache), as the eager path's does. Keys/values grow in a preallocated buffer per
+session and layer (`KVBuffers`), whose prefix view is the DynamicCache layer's keys/values, so
+prefill, rollback, beam reorder and batching (drift.models.batch) keep working on the cache as
+before.
 Sessions stepping together share the projections and MLP (one weight read) while each attends
 its own past (no past is copied). `refusal` says what it does not cover: run the eager path.
 """
@@ -49,7 +50,7 @@ def refusal(span: SpanLayers, quant: str = "none") -> str | None:
     """Why the lean step cannot run this span (None: it can)."""
     kinds = {type(layer).__name__ for layer in span.layers}
     if not kinds <= set(LEAN_LAYERS):
-        return f"layers {sorted(kinds)} are not Llama- or Gemma-shaped dense layers"
+        return f"layers {sorted(kinds - set(LEAN_LAYERS))} (not in LEAN_LAYERS)"
     types = {span.adapter.layer_type(span.start_block + i) for i in range(len(span.layers))}
     if not types <= set(LAYER_TYPES):
         return f"layer types {sorted(types - set(LAYER_TYPES))}"
@@ -177,8 +178,9 @@ def _falcon_split(config: Any) -> bool:
     return bool(config.new_decoder_architecture and config.num_ln_in_parallel_attn == 2)
 
 
-def falcon_attn_inputs(layer: Any, h: torch.Tensor, cos: torch.Tensor,
-                       sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+def falcon_attn_inputs(
+    layer: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """attn_inputs for Falcon: one fused query_key_value product, split as its layout says."""
     attn, config = layer.self_attention, layer.config
     x = layer.ln_attn(h) if _falcon_split(config) else layer.input_layernorm(h)
@@ -320,7 +322,7 @@ class LeanDecoder:
         for index in sessions[0].layer_ids:
             layer = span.layers[index - span.start_block]
             q, k, v = self.pre(layer, h, *rotary[self.kinds[index]])
-            window = self.windows[index]
+            window, scale = self.windows[index], _attention(layer).scaling
             outs, row = [], 0
             for s, b, mask in zip(sessions, rows, attn_masks, strict=True):
                 keys, values = self.buffers.append(
@@ -329,8 +331,7 @@ class LeanDecoder:
                 if window is not None and keys.shape[-2] > window:  # the last `window` slots
                     keys, values = keys[:, :, -window:], values[:, :, -window:]
                     mask = None if mask is None else mask[..., -window:]
-                outs.append(attend(q[row : row + b], keys, values, mask,
-                                   _attention(layer).scaling, self.softcap))  # fmt: skip
+                outs.append(attend(q[row : row + b], keys, values, mask, scale, self.softcap))
                 row += b
             attn = outs[0] if len(outs) == 1 else torch.cat(outs)
             h = self.post(layer, h, attn)

@@ -4,8 +4,9 @@
 parts compiled by torch.compile (inductor); `auto` (the default) compiles on accelerators only
 and runs the lean step uncompiled on a CPU (measured there: compiling buys ~nothing for ~40 s,
 and bf16 spans ran slower lean, so they stay eager; scripts/bench_kernels.py); `off` keeps the
-eager transformers path. A span the lean step does not cover runs eagerly whatever the setting. Compiling happens in `warm_up` (at start-up, on the
-compute thread, logged, shown in /blocks), never inside a user's first step.
+eager transformers path. A span the lean step does not cover runs eagerly whatever the setting.
+Compiling happens in `warm_up` (at start-up, on the compute thread, logged, shown in /blocks),
+never inside a user's first step.
 """
 
 from __future__ import annotations
