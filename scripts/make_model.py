@@ -53,6 +53,13 @@ SHAPES: dict[str, Shape] = {
         parallel_attn=True, new_decoder_architecture=False, alibi=False, bias=False,
         tie_word_embeddings=True,
     )),
+    "deepseek-small": Shape("deepseek_v3", dict(  # V3's layout (MLA, shared + routed experts)
+        hidden_size=1024, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=16,
+        intermediate_size=2816, moe_intermediate_size=512, n_routed_experts=16,
+        num_experts_per_tok=4, n_shared_experts=1, first_k_dense_replace=1, n_group=1,
+        topk_group=1, q_lora_rank=384, kv_lora_rank=256, qk_rope_head_dim=32,
+        qk_nope_head_dim=64, v_head_dim=64, tie_word_embeddings=False, rope_theta=10000.0,
+    )),
     "box-llama": Shape("llama", dict(  # tests/cluster: ~28 MB float32 blocks
         hidden_size=512, num_hidden_layers=12, num_attention_heads=8, num_key_value_heads=2,
         intermediate_size=4096, head_dim=64, tie_word_embeddings=True,

@@ -1,11 +1,8 @@
 """Lean decode steps: one new token per session through a span's layers, no generation machinery.
 
-For Llama-shaped layers (llama, qwen2, qwen3, mistral, and the MoE mixtral and qwen3_moe, whose
-MLP is their sparse block), Gemma 2 / Gemma 3's (the same attention inputs; norms after
-attention and around the MLP; Gemma 2's attention logits capped) and Falcon's with rotary (one
-fused query_key_value product; attention and MLP in parallel or in turn) a decode step (T = 1)
-calls each layer's own modules directly: norms, projections, rotary (one per layer type for
-Gemma 3), attention over the session's keys/values, MLP. A sliding-window layer attends the
+For the layers in LEAN_LAYERS a decode step (T = 1) calls each layer's own modules directly
+(drift.models.lean_layers has each family's parts): norms, projections, rotary (one per layer type
+for Gemma 3), attention over the session's keys/values, MLP. A sliding-window layer attends the
 last `sliding_window` slots of its past, a view: its cache records the whole past
 (drift.models.cache), as the eager path's does. Keys/values grow in a preallocated buffer per
 session and layer (`KVBuffers`), whose prefix view is the DynamicCache layer's keys/values, so
@@ -19,15 +16,15 @@ from __future__ import annotations
 
 import inspect
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from drift.models.batch import BatchStep
+from drift.models.lean_layers import LayerParts, parts_of, scale_of
 from drift.models.session import SpanLayers, SpanSession
 from drift.models.span import positions_from_mask
 
@@ -41,6 +38,7 @@ LEAN_LAYERS = (
     "Gemma2DecoderLayer",
     "Gemma3DecoderLayer",
     "FalconDecoderLayer",
+    "DeepseekV3DecoderLayer",
 )
 LAYER_TYPES = ("full_attention", "sliding_attention")
 MIN_ROOM = 64  # tokens: the smallest buffer a session's layer gets
@@ -139,112 +137,6 @@ def _is_prefix(past: torch.Tensor | None, buffer: torch.Tensor, n: int) -> bool:
     )
 
 
-# The dense parts of one layer, between attentions: plain functions of the layer's modules, so
-# torch.compile (drift.server.compiled) may compile them once for every layer of the span.
-def attn_inputs(layer: Any, h: torch.Tensor, cos: torch.Tensor,
-                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """h [R, 1, H] -> rotated q [R, Hq, 1, D], k [R, Hkv, 1, D] and v [R, Hkv, 1, D]."""
-    attn = layer.self_attn
-    x = layer.input_layernorm(h)
-    shape = (h.shape[0], 1, -1, attn.head_dim)
-    q, k = attn.q_proj(x).view(shape), attn.k_proj(x).view(shape)
-    if hasattr(attn, "q_norm"):  # qwen3: per-head norms before rotary
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    q, k, v = q.transpose(1, 2), k.transpose(1, 2), attn.v_proj(x).view(shape).transpose(1, 2)
-    c, s = cos.unsqueeze(1), sin.unsqueeze(1)  # [R, 1, 1, D]
-    return q * c + _rotate_half(q) * s, k * c + _rotate_half(k) * s, v
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def attn_outputs(layer: Any, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-    """Residual stream h [R, 1, H] after attention output attn [R, Hq, 1, D] and the MLP."""
-    h = h + layer.self_attn.o_proj(attn.transpose(1, 2).reshape(h.shape[0], 1, -1))
-    return h + layer.mlp(layer.post_attention_layernorm(h))
-
-
-def gemma_attn_outputs(layer: Any, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-    """attn_outputs for Gemma 2 / 3: a norm after attention, and norms before and after the MLP."""
-    a = layer.self_attn.o_proj(attn.transpose(1, 2).reshape(h.shape[0], 1, -1))
-    h = h + layer.post_attention_layernorm(a)
-    return h + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h)))
-
-
-def _falcon_split(config: Any) -> bool:
-    """Falcon 40B / 180B: attention and MLP each with its own norm (ln_attn, ln_mlp)."""
-    return bool(config.new_decoder_architecture and config.num_ln_in_parallel_attn == 2)
-
-
-def falcon_attn_inputs(
-    layer: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """attn_inputs for Falcon: one fused query_key_value product, split as its layout says."""
-    attn, config = layer.self_attention, layer.config
-    x = layer.ln_attn(h) if _falcon_split(config) else layer.input_layernorm(h)
-    rows, d = h.shape[0], attn.head_dim
-    fused = attn.query_key_value(x).view(rows, 1, -1, d)
-    if attn.new_decoder_architecture:  # per kv group: its queries, then its key and value
-        grouped = fused.view(rows, 1, attn.num_kv_heads, -1, d)
-        q, k, v = grouped[..., :-2, :].flatten(-3, -2), grouped[..., -2, :], grouped[..., -1, :]
-    elif attn.multi_query:  # Falcon 7B: one key/value head
-        q, k, v = fused.split([attn.num_heads, 1, 1], dim=-2)
-    else:  # query, key and value interleaved per head
-        q, k, v = fused.unflatten(-2, (attn.num_heads, 3)).unbind(-2)
-    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
-    return q * c + _rotate_half(q) * s, k * c + _rotate_half(k) * s, v
-
-
-def falcon_attn_outputs(layer: Any, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-    """attn_outputs for Falcon: attention and MLP in parallel (7B, 40B, 180B), or in turn."""
-    config = layer.config
-    a = layer.self_attention.dense(attn.transpose(1, 2).reshape(h.shape[0], 1, -1))
-    if _falcon_split(config):
-        return h + (layer.mlp(layer.ln_mlp(h)) + a)
-    if config.parallel_attn:
-        return h + (layer.mlp(layer.input_layernorm(h)) + a)
-    r = h + a
-    return r + layer.mlp(layer.post_attention_layernorm(r))
-
-
-def dense_parts(span: SpanLayers) -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """The span's (attention inputs, attention outputs + MLP) functions."""
-    if all(type(layer).__name__ == "FalconDecoderLayer" for layer in span.layers):
-        return falcon_attn_inputs, falcon_attn_outputs
-    gemma = all(hasattr(layer, "pre_feedforward_layernorm") for layer in span.layers)
-    return attn_inputs, gemma_attn_outputs if gemma else attn_outputs
-
-
-def _attention(layer: Any) -> Any:
-    """The layer's attention module (Falcon names it self_attention)."""
-    return layer.self_attn if hasattr(layer, "self_attn") else layer.self_attention
-
-
-def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
-           scale: float, softcap: float | None) -> torch.Tensor:  # fmt: skip
-    """q [b, Hq, 1, D] over keys/values [b, Hkv, n, D] (mask [b, 1, 1, n] bool or None);
-    with `softcap`, logits are capped (cap * tanh(logits / cap)) before the softmax, as
-    transformers' eager attention does for Gemma 2 (sdpa has no such step)."""
-    if softcap is None:
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
-                                              enable_gqa=True)  # fmt: skip
-    b, hq, _, d = q.shape
-    hkv = keys.shape[1]
-    grouped = q.reshape(b, hkv, hq // hkv, d)  # q head i*g + j reads kv head i (repeat_kv)
-    logits = torch.matmul(grouped, keys.transpose(-1, -2)) * scale
-    logits = torch.tanh(logits / softcap) * softcap
-    if mask is not None:
-        logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
-    weights = torch.softmax(logits, dim=-1, dtype=torch.float32).to(q.dtype)
-    return torch.matmul(weights, values).reshape(b, hq, 1, d)
-
-
-Part = Callable[..., Any]
-
-
 def relayout_linears(span: SpanLayers) -> int:
     """Store the span's float32 CPU linear weights as [in, out] (the parameter stays the
     [out, in] view of it): MKL's one-row products read that layout ~1.4x faster here (bf16
@@ -263,20 +155,17 @@ def relayout_linears(span: SpanLayers) -> int:
 class LeanDecoder:
     """Decode steps (one token per row) of sessions over one span, run directly."""
 
-    def __init__(self, span: SpanLayers, *, pre: Part | None = None, post: Part | None = None,
-                 ) -> None:  # fmt: skip
+    def __init__(self, span: SpanLayers, parts: LayerParts | None = None) -> None:
+        """`parts`: the span's (parts_of), or those with pre and post compiled."""
         self.span = span
         self.rotary = span.aux.get_submodule("rotary_emb")  # type: ignore[attr-defined]
         # Gemma 3: one rotary per layer type (rotary_emb(h, positions, layer_type))
         self.typed_rotary = "layer_type" in inspect.signature(self.rotary.forward).parameters
-        plain_pre, plain_post = dense_parts(span)
-        self.pre, self.post = pre or plain_pre, post or plain_post  # plain, or compiled
+        self.parts = parts or parts_of(span)
         self.buffers = KVBuffers()
         first = span.start_block
         self.kinds = {i: span.adapter.layer_type(i) for i in range(first, first + len(span.layers))}
         self.windows = {i: window_of(span, i) for i in self.kinds}
-        softcap = getattr(span.config, "attn_logit_softcapping", None)
-        self.softcap = float(softcap) if softcap else None
 
     def takes(self, steps: Sequence[BatchStep]) -> bool:
         """Steps this decoder runs: one token per row, distinct sessions of this span."""
@@ -319,10 +208,11 @@ class LeanDecoder:
         rows = [int(m.shape[0]) for m in masks]
         # a row's mask is needed only where it holds left padding
         attn_masks = [None if bool(m.all()) else m[:, None, None, :] for m in masks]
+        pre, attend, post = self.parts.pre, self.parts.attend, self.parts.post
         for index in sessions[0].layer_ids:
             layer = span.layers[index - span.start_block]
-            q, k, v = self.pre(layer, h, *rotary[self.kinds[index]])
-            window, scale = self.windows[index], _attention(layer).scaling
+            q, k, v = pre(layer, h, *rotary[self.kinds[index]])
+            window, scale = self.windows[index], scale_of(layer)
             outs, row = [], 0
             for s, b, mask in zip(sessions, rows, attn_masks, strict=True):
                 keys, values = self.buffers.append(
@@ -331,8 +221,8 @@ class LeanDecoder:
                 if window is not None and keys.shape[-2] > window:  # the last `window` slots
                     keys, values = keys[:, :, -window:], values[:, :, -window:]
                     mask = None if mask is None else mask[..., -window:]
-                outs.append(attend(q[row : row + b], keys, values, mask, scale, self.softcap))
+                outs.append(attend(q[row : row + b], keys, values, mask, scale))
                 row += b
             attn = outs[0] if len(outs) == 1 else torch.cat(outs)
-            h = self.post(layer, h, attn)
+            h = post(layer, h, attn)
         return h

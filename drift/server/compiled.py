@@ -21,13 +21,9 @@ from typing import Any
 import torch
 
 from drift.models.batch import BatchStep
+from drift.models.lean_layers import LayerParts, parts_of
 from drift.models.session import SpanSession
-from drift.models.static_step import (
-    LeanDecoder,
-    dense_parts,
-    refusal,
-    relayout_linears,
-)
+from drift.models.static_step import LeanDecoder, refusal, relayout_linears
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +59,10 @@ class DecodeUnit:
         # 1.2e-4, past the 1e-4 the default path keeps with local transformers
         self.relaid = relayout_linears(span) if compiled else 0
         if compiled:
-            pre, post = dense_parts(span)
-            pre = torch.compile(pre, dynamic=True, fullgraph=True)
-            post = torch.compile(post, dynamic=True, fullgraph=True)
-            self.decoder = LeanDecoder(span, pre=pre, post=post)
+            parts = parts_of(span)
+            pre = torch.compile(parts.pre, dynamic=True, fullgraph=True)
+            post = torch.compile(parts.post, dynamic=True, fullgraph=True)
+            self.decoder = LeanDecoder(span, LayerParts(pre, parts.attend, post))
         else:
             self.decoder = LeanDecoder(span)
         self.status = DecodeStatus("compiled" if compiled else "lean", "", None)

@@ -57,3 +57,7 @@ def test_real_shapes_have_their_sizes() -> None:
     falcon = make_model.param_shapes(make_model.build_config("falcon-small", torch.bfloat16))
     # Falcon 7B's layout: 16 query heads and one key/value head of 64 in one fused product
     assert falcon["transformer.h.7.self_attention.query_key_value.weight"] == (1024 + 128, 1024)
+    mla = make_model.param_shapes(make_model.build_config("deepseek-small", torch.bfloat16))
+    # a 256-rank latent + 32 rope dims per token; 16 heads of 64 + 64 out of the latent
+    assert mla["model.layers.7.self_attn.kv_a_proj_with_mqa.weight"] == (256 + 32, 1024)
+    assert mla["model.layers.7.self_attn.kv_b_proj.weight"] == (16 * (64 + 64), 256)

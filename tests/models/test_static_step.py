@@ -25,7 +25,7 @@ from tests.models.tiny_spans import SPLITS, make_tiny
 from tests.tiny_models import save_tiny
 
 LEAN = ("llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen3_moe", "gemma2", "gemma3_text",
-        "falcon")  # fmt: skip
+        "falcon", "deepseek_v3")  # fmt: skip
 NOT_LEAN = ("falcon_alibi", "bloom")
 
 
@@ -112,6 +112,34 @@ def test_falcon_layouts_step_lean(changes, tiny_dirs, tmp_path) -> None:
     _assert_lean_matches(make_tiny("falcon", save_tiny("falcon", tmp_path / "falcon", **changes)))
 
 
+@pytest.mark.parametrize("changes", [dict(rope_interleave=False), dict(q_lora_rank=None)])
+def test_deepseek_layouts_step_lean(changes, tmp_path) -> None:
+    """The tiny "deepseek_v3" is V3's layout (a low-rank query, interleaved rotary); DeepSeek-V2
+    Lite projects its query at full rank, and some conversions de-interleave the rotary."""
+    directory = save_tiny("deepseek_v3", tmp_path / "deepseek_v3", **changes)
+    _assert_lean_matches(make_tiny("deepseek_v3", directory))
+
+
+def test_deepseek_lean_steps_attend_latents_without_expanding_the_past(tiny_dirs) -> None:
+    """transformers runs every cached latent through kv_b_proj at every step; the lean step
+    attends the latents themselves (kv_b_proj's weights absorbed), so the module never runs."""
+    span = make_tiny("deepseek_v3", tiny_dirs["deepseek_v3"]).spans[1]
+    rows_seen: list[int] = []
+    hooks = [layer.self_attn.kv_b_proj.register_forward_hook(
+                 lambda _m, args, _out: rows_seen.append(args[0].shape[-2]))
+             for layer in span.layers]  # fmt: skip
+    decoder, session = LeanDecoder(span), span.new_session(batch_size=1, max_length=32)
+    gen = torch.Generator().manual_seed(2)
+    session.run(0, torch.randn(1, 6, 64, generator=gen))
+    assert rows_seen  # the eager prefill expands its 6 tokens' latents
+    rows_seen.clear()
+    for _ in range(3):
+        decoder.run([BatchStep(session, session.position, torch.randn(1, 1, 64, generator=gen))])
+    for hook in hooks:
+        hook.remove()
+    assert rows_seen == [] and session.position == 9
+
+
 @pytest.mark.parametrize("family", NOT_LEAN)
 def test_other_families_are_refused_and_stay_eager(family, tiny_dirs) -> None:
     ckpt = Checkpoint(tiny_dirs[family])
@@ -121,7 +149,7 @@ def test_other_families_are_refused_and_stay_eager(family, tiny_dirs) -> None:
     assert unit is None and status.mode == "eager" and "not covered" in status.reason
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3_text"])  # gemma3: windows of 4, 2 rotaries
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "deepseek_v3"])  # gemma3: windows of 4
 def test_batched_sessions_of_other_lengths_equal_each_alone(family, tiny_dirs) -> None:
     """Two sessions with different pasts in one lean step: each as its own eager step."""
     span = make_tiny(family, tiny_dirs[family]).spans[1]
@@ -143,7 +171,7 @@ def test_batched_sessions_of_other_lengths_equal_each_alone(family, tiny_dirs) -
     assert [s.position for s in lean] == [8, 14]
 
 
-@pytest.mark.parametrize("family", ["qwen3", "mistral"])  # mistral: a window of 4 throughout
+@pytest.mark.parametrize("family", ["qwen3", "mistral", "deepseek_v3"])  # mistral: window 4
 def test_rollback_reorder_and_eager_steps_between_lean_ones(family, tiny_dirs) -> None:
     """The lean step's preallocated keys stay the session's cache: a rollback, a beam reorder
     and an eager multi-token step in between leave it as exact as eager steps throughout."""
