@@ -60,6 +60,9 @@ SHAPES: dict[str, Shape] = {
         topk_group=1, q_lora_rank=384, kv_lora_rank=256, qk_rope_head_dim=32,
         qk_nope_head_dim=64, v_head_dim=64, tie_word_embeddings=False, rope_theta=10000.0,
     )),
+    "bloom-small": Shape("bloom", dict(  # BLOOM-560m's layers (ALiBi, fused qkv), 8 of them
+        hidden_size=1024, num_hidden_layers=8, num_attention_heads=16, tie_word_embeddings=True,
+    )),
     "box-llama": Shape("llama", dict(  # tests/cluster: ~28 MB float32 blocks
         hidden_size=512, num_hidden_layers=12, num_attention_heads=8, num_key_value_heads=2,
         intermediate_size=4096, head_dim=64, tie_word_embeddings=True,

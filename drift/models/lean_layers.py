@@ -9,8 +9,10 @@ once for every layer of a span. Families:
   block): `attn_inputs`, `attend`, `attn_outputs`.
 - Gemma 2 / Gemma 3: the same inputs; a norm after attention and norms around the MLP
   (`gemma_attn_outputs`); Gemma 2's attention logits capped in `attend`.
-- Falcon with rotary: one fused query_key_value product (`falcon_attn_inputs`), attention and MLP
+- Falcon: one fused query_key_value product (`falcon_attn_inputs`), attention and MLP
   in parallel or in turn (`falcon_attn_outputs`).
+- Bloom and ALiBi Falcon: positions as attention biases (`alibi_bias`), the family's own; Bloom's
+  residuals added inside its attention and MLP (`bloom_attn_outputs`).
 - DeepSeek-V2/V3's multi-head latent attention: `mla_attn_inputs`, `mla_attend`,
   `mla_attn_outputs` (below).
 """
@@ -81,6 +83,8 @@ def falcon_attn_inputs(
     else:  # query, key and value interleaved per head
         q, k, v = fused.unflatten(-2, (attn.num_heads, 3)).unbind(-2)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if config.alibi:  # positions come as attention biases (alibi_bias), not rotary
+        return q, k, v
     c, s = cos.unsqueeze(1), sin.unsqueeze(1)
     return q * c + _rotate_half(q) * s, k * c + _rotate_half(k) * s, v
 
@@ -98,9 +102,49 @@ def falcon_attn_outputs(layer: Any, h: torch.Tensor, attn: torch.Tensor) -> torc
 
 
 def scale_of(layer: Any) -> float:
-    """The layer's attention scale (Falcon names its attention module self_attention)."""
+    """The layer's attention scale (Falcon and Bloom name the module self_attention; Bloom
+    names the scale inv_norm_factor)."""
     attn = layer.self_attn if hasattr(layer, "self_attn") else layer.self_attention
-    return float(attn.scaling)
+    return float(attn.scaling if hasattr(attn, "scaling") else attn.inv_norm_factor)
+
+
+def bloom_attn_inputs(layer: Any, h: torch.Tensor, cos: None,
+                      sin: None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """attn_inputs for Bloom: one fused query_key_value product, interleaved per head; no
+    rotary (ALiBi biases, alibi_bias)."""
+    rows, heads = h.shape[0], layer.self_attention.num_heads
+    fused = layer.self_attention.query_key_value(layer.input_layernorm(h))
+    q, k, v = fused.view(rows, 1, heads, 3, -1).unbind(-2)
+    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+
+def bloom_attn_outputs(layer: Any, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    """attn_outputs for Bloom: its attention and MLP add their residual themselves, the normed
+    input with apply_residual_connection_post_layernorm, else the input."""
+    post_ln = layer.apply_residual_connection_post_layernorm
+    dense = layer.self_attention.dense(attn.transpose(1, 2).reshape(h.shape[0], 1, -1))
+    r = dense + (layer.input_layernorm(h) if post_ln else h)
+    x = layer.post_attention_layernorm(r)
+    return layer.mlp(x, x if post_ln else r)
+
+
+def alibi_bias(span: SpanLayers) -> Callable[[torch.Tensor, torch.dtype], torch.Tensor] | None:
+    """For ALiBi spans (Bloom, ALiBi Falcon): a session's [b, n] mask -> its additive attention
+    mask [b, heads, 1, n], the family's own biases with padding at the dtype's minimum, as
+    transformers adds them (None: the span has no ALiBi)."""
+    adapter = span.adapter
+    if not hasattr(adapter, "alibi_from_mask") or not getattr(span.config, "alibi", True):
+        return None
+    heads, divisor = int(adapter.num_heads), float(adapter.alibi_divisor())
+
+    def bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        b, n = mask.shape
+        biases = adapter.alibi_from_mask(mask, dtype).view(b, heads, 1, n)
+        if divisor != 1.0:
+            biases = biases / divisor
+        return biases.masked_fill(~mask.bool()[:, None, None, :], torch.finfo(dtype).min)
+
+    return bias
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
@@ -198,18 +242,22 @@ Part = Callable[..., Any]
 @dataclass(frozen=True)
 class LayerParts:
     """A span's three parts: pre(layer, h, cos, sin) -> q, k, v; attend(q, keys, values, mask,
-    scale) -> attention output; post(layer, h, attention output) -> h."""
+    scale) -> attention output; post(layer, h, attention output) -> h. With `bias` (ALiBi) the
+    mask `attend` gets is bias(session's 2D mask, dtype), and pre gets no rotary (None, None)."""
 
     pre: Part
     attend: Part
     post: Part
+    bias: Callable[[torch.Tensor, torch.dtype], torch.Tensor] | None = None
 
 
 def parts_of(span: SpanLayers) -> LayerParts:
     """The lean step's parts for the span's layers (all of one family)."""
     kind = type(span.layers[0]).__name__
     if kind == "FalconDecoderLayer":
-        return LayerParts(falcon_attn_inputs, attend, falcon_attn_outputs)
+        return LayerParts(falcon_attn_inputs, attend, falcon_attn_outputs, alibi_bias(span))
+    if kind == "BloomBlock":
+        return LayerParts(bloom_attn_inputs, attend, bloom_attn_outputs, alibi_bias(span))
     if kind == "DeepseekV3DecoderLayer":
         return LayerParts(mla_attn_inputs, mla_attend, mla_attn_outputs)
     softcap = getattr(span.config, "attn_logit_softcapping", None)

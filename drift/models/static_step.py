@@ -39,6 +39,7 @@ LEAN_LAYERS = (
     "Gemma3DecoderLayer",
     "FalconDecoderLayer",
     "DeepseekV3DecoderLayer",
+    "BloomBlock",
 )
 LAYER_TYPES = ("full_attention", "sliding_attention")
 MIN_ROOM = 64  # tokens: the smallest buffer a session's layer gets
@@ -58,14 +59,14 @@ def refusal(span: SpanLayers, quant: str = "none") -> str | None:
         return "sliding-window layers without a sliding_window size"
     if "FalconDecoderLayer" in kinds and (why := _falcon_refusal(span.config)):
         return why
+    if "BloomBlock" in kinds and span.config.pretraining_tp > 1 and span.config.slow_but_exact:
+        return "bloom with slow_but_exact (its products split pretraining_tp ways)"
     if quant != "none":
         return f"{quant}-quantized weights"
     return None
 
 
 def _falcon_refusal(config: Any) -> str | None:
-    if config.alibi:
-        return "falcon with ALiBi"
     if (
         config.new_decoder_architecture
         and config.num_ln_in_parallel_attn != 2
@@ -158,10 +159,14 @@ class LeanDecoder:
     def __init__(self, span: SpanLayers, parts: LayerParts | None = None) -> None:
         """`parts`: the span's (parts_of), or those with pre and post compiled."""
         self.span = span
-        self.rotary = span.aux.get_submodule("rotary_emb")  # type: ignore[attr-defined]
-        # Gemma 3: one rotary per layer type (rotary_emb(h, positions, layer_type))
-        self.typed_rotary = "layer_type" in inspect.signature(self.rotary.forward).parameters
         self.parts = parts or parts_of(span)
+        # ALiBi spans have no rotary; Gemma 3 one per layer type (rotary_emb(h, positions, type))
+        aux: Any = span.aux
+        self.rotary = None if self.parts.bias is not None else aux.get_submodule("rotary_emb")
+        self.typed_rotary = (
+            self.rotary is not None
+            and "layer_type" in inspect.signature(self.rotary.forward).parameters
+        )
         self.buffers = KVBuffers()
         first = span.start_block
         self.kinds = {i: span.adapter.layer_type(i) for i in range(first, first + len(span.layers))}
@@ -201,13 +206,18 @@ class LeanDecoder:
         positions = torch.cat([positions_from_mask(m, 1) for m in masks])  # [R, 1]
         span = self.span
         kinds = {self.kinds[i] for i in sessions[0].layer_ids}
-        if self.typed_rotary:
+        if self.rotary is None:
+            rotary = dict.fromkeys(kinds, (None, None))
+        elif self.typed_rotary:
             rotary = {kind: self.rotary(h, positions, kind) for kind in kinds}  # [R, 1, D]
         else:
             rotary = dict.fromkeys(kinds, self.rotary(h, positions))
         rows = [int(m.shape[0]) for m in masks]
-        # a row's mask is needed only where it holds left padding
-        attn_masks = [None if bool(m.all()) else m[:, None, None, :] for m in masks]
+        bias = self.parts.bias
+        if bias is not None:  # ALiBi: each session's biases, computed once for every layer
+            attn_masks = [bias(m, h.dtype) for m in masks]
+        else:  # a row's mask is needed only where it holds left padding
+            attn_masks = [None if bool(m.all()) else m[:, None, None, :] for m in masks]
         pre, attend, post = self.parts.pre, self.parts.attend, self.parts.post
         for index in sessions[0].layer_ids:
             layer = span.layers[index - span.start_block]

@@ -61,3 +61,5 @@ def test_real_shapes_have_their_sizes() -> None:
     # a 256-rank latent + 32 rope dims per token; 16 heads of 64 + 64 out of the latent
     assert mla["model.layers.7.self_attn.kv_a_proj_with_mqa.weight"] == (256 + 32, 1024)
     assert mla["model.layers.7.self_attn.kv_b_proj.weight"] == (16 * (64 + 64), 256)
+    bloom = make_model.param_shapes(make_model.build_config("bloom-small", torch.bfloat16))
+    assert bloom["transformer.h.7.self_attention.query_key_value.weight"] == (3 * 1024, 1024)

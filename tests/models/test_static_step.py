@@ -21,12 +21,11 @@ from drift.models.head import ClientHead
 from drift.models.span import ModelSpan
 from drift.models.static_step import LeanDecoder, refusal
 from drift.server.compiled import DecodeUnit
-from tests.models.tiny_spans import SPLITS, make_tiny
+from tests.models.tiny_spans import make_tiny
 from tests.tiny_models import save_tiny
 
 LEAN = ("llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen3_moe", "gemma2", "gemma3_text",
-        "falcon", "deepseek_v3")  # fmt: skip
-NOT_LEAN = ("falcon_alibi", "bloom")
+        "falcon", "falcon_alibi", "bloom", "deepseek_v3")  # fmt: skip
 
 
 def _lean_logits(tiny, ids: torch.Tensor, steps: int, mask: torch.Tensor | None = None):
@@ -140,18 +139,33 @@ def test_deepseek_lean_steps_attend_latents_without_expanding_the_past(tiny_dirs
     assert rows_seen == [] and session.position == 9
 
 
-@pytest.mark.parametrize("family", NOT_LEAN)
-def test_other_families_are_refused_and_stay_eager(family, tiny_dirs) -> None:
-    ckpt = Checkpoint(tiny_dirs[family])
-    span = ModelSpan.load(ckpt, 0, SPLITS[family])
-    assert refusal(span) is not None
+def test_gemma4_and_quantized_spans_are_refused_and_stay_eager(tiny_dirs, tmp_path) -> None:
+    """Gemma 4 (keys/values shared across layers, per-layer inputs) and int8 / nf4 spans are
+    not covered: the server runs their decode steps eagerly."""
+    span = ModelSpan.load(Checkpoint(save_tiny("gemma4_text", tmp_path / "g4")), 0, 3)
+    assert "Gemma4TextDecoderLayer" in (refusal(span) or "")
     unit, status = DecodeUnit.build(span, "auto")
     assert unit is None and status.mode == "eager" and "not covered" in status.reason
+    llama = ModelSpan.load(Checkpoint(tiny_dirs["llama"]), 0, 2)
+    assert refusal(llama) is None
+    assert refusal(llama, "nf4") == "nf4-quantized weights"
+    unit, status = DecodeUnit.build(llama, "auto", "int8")
+    assert unit is None and status.reason == "not covered: int8-quantized weights"
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3_text", "deepseek_v3"])  # gemma3: windows of 4
+def test_bloom_with_residuals_after_the_norms_steps_lean(tmp_path) -> None:
+    """apply_residual_connection_post_layernorm: Bloom's attention and MLP add the normed
+    input as their residual (the tiny "bloom" adds the input)."""
+    directory = save_tiny(
+        "bloom", tmp_path / "bloom", apply_residual_connection_post_layernorm=True
+    )
+    _assert_lean_matches(make_tiny("bloom", directory))
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "deepseek_v3", "bloom"])
 def test_batched_sessions_of_other_lengths_equal_each_alone(family, tiny_dirs) -> None:
-    """Two sessions with different pasts in one lean step: each as its own eager step."""
+    """Two sessions with different pasts in one lean step: each as its own eager step (gemma3:
+    windows of 4 and two rotaries; bloom: ALiBi biases of each session's own positions)."""
     span = make_tiny(family, tiny_dirs[family]).spans[1]
     gen = torch.Generator().manual_seed(0)
     lean, eager = [], []

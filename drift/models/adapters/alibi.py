@@ -29,8 +29,16 @@ class _TransformerH(Adapter):
 
     def alibi(self, ctx: RunContext, dtype: torch.dtype) -> torch.Tensor:
         """[B * heads, 1, past + T] ALiBi biases from the 2D mask (the model's own helper)."""
-        build = self.modeling.build_alibi_tensor
-        return build(ctx.mask_2d, self.num_heads, dtype=dtype)
+        return self.alibi_from_mask(ctx.mask_2d, dtype)
+
+    def alibi_from_mask(self, mask_2d: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """[B * heads, 1, S] ALiBi biases of a [B, S] mask of past + current tokens."""
+        return self.modeling.build_alibi_tensor(mask_2d, self.num_heads, dtype=dtype)
+
+    def alibi_divisor(self) -> float:
+        """What the family divides its ALiBi biases by before adding them to q.k * scale:
+        Falcon sqrt(head_dim) (FalconModel.forward), Bloom 1 (added to the scaled logits)."""
+        return 1.0
 
 
 @register("falcon")
@@ -62,8 +70,11 @@ class FalconAdapter(_TransformerH):
             zero = torch.full((), 0.0, device=mask.device, dtype=hidden.dtype)
             mask = torch.where(mask, zero, min_dtype)
         alibi = alibi.reshape(hidden.shape[0], -1, *alibi.shape[1:])  # [B, heads, 1, S]
-        scaled = alibi / math.sqrt(self.hidden_size // self.num_heads)
+        scaled = alibi / self.alibi_divisor()
         return torch.masked_fill(scaled, mask < -1, min_dtype)
+
+    def alibi_divisor(self) -> float:
+        return math.sqrt(self.hidden_size // self.num_heads)
 
     def call_layer(
         self, layer: torch.nn.Module, index: int, hidden: torch.Tensor, prep: Any, ctx: RunContext
