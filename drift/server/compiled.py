@@ -15,13 +15,13 @@ import logging
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from drift.models.batch import BatchStep
-from drift.models.lean_layers import LayerParts, parts_of
+from drift.models.lean_layers import parts_of
 from drift.models.session import SpanSession
 from drift.models.static_step import LeanDecoder, refusal, relayout_linears
 
@@ -62,7 +62,7 @@ class DecodeUnit:
             parts = parts_of(span)
             pre = torch.compile(parts.pre, dynamic=True, fullgraph=True)
             post = torch.compile(parts.post, dynamic=True, fullgraph=True)
-            self.decoder = LeanDecoder(span, LayerParts(pre, parts.attend, post))
+            self.decoder = LeanDecoder(span, replace(parts, pre=pre, post=post))
         else:
             self.decoder = LeanDecoder(span)
         self.status = DecodeStatus("compiled" if compiled else "lean", "", None)

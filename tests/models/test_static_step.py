@@ -153,6 +153,25 @@ def test_gemma4_and_quantized_spans_are_refused_and_stay_eager(tiny_dirs, tmp_pa
     assert unit is None and status.reason == "not covered: int8-quantized weights"
 
 
+@pytest.mark.skipif(shutil.which("g++") is None, reason="inductor needs g++")
+def test_compiled_parts_of_an_alibi_span_keep_its_biases(tiny_dirs) -> None:
+    """`--compile on` compiles pre and post and keeps the rest of the span's parts: Bloom's
+    steps then attend with its ALiBi biases (and ask for no rotary) as the eager path does."""
+    span = ModelSpan.load(Checkpoint(tiny_dirs["bloom"]), 0, 4)
+    unit, status = DecodeUnit.build(span, "on")
+    assert unit is not None and status.mode == "compiled"
+    unit.warm_up()
+    gen = torch.Generator().manual_seed(3)
+    lean, eager = (span.new_session(batch_size=1, max_length=32) for _ in range(2))
+    x = torch.randn(1, 5, 64, generator=gen)
+    lean.run(0, x)
+    eager.run(0, x)
+    for _ in range(4):
+        y = torch.randn(1, 1, 64, generator=gen)
+        got = unit.run([BatchStep(lean, lean.position, y)])[0]
+        assert (got - eager.run(eager.position, y)[0]).abs().max() < 1e-5
+
+
 def test_bloom_with_residuals_after_the_norms_steps_lean(tmp_path) -> None:
     """apply_residual_connection_post_layernorm: Bloom's attention and MLP add the normed
     input as their residual (the tiny "bloom" adds the input)."""
