@@ -132,7 +132,7 @@ def alibi_bias(span: SpanLayers) -> Callable[[torch.Tensor, torch.dtype], torch.
     """For ALiBi spans (Bloom, ALiBi Falcon): a session's [b, n] mask -> its additive attention
     mask [b, heads, 1, n], the family's own biases with padding at the dtype's minimum, as
     transformers adds them (None: the span has no ALiBi)."""
-    adapter = span.adapter
+    adapter = span.adapter  # Bloom's config has no `alibi` field: it always uses ALiBi
     if not hasattr(adapter, "alibi_from_mask") or not getattr(span.config, "alibi", True):
         return None
     heads, divisor = int(adapter.num_heads), float(adapter.alibi_divisor())
@@ -149,8 +149,9 @@ def alibi_bias(span: SpanLayers) -> Callable[[torch.Tensor, torch.dtype], torch.
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
            scale: float, softcap: float | None = None) -> torch.Tensor:  # fmt: skip
-    """q [b, Hq, 1, D] over keys/values [b, Hkv, n, D] (mask [b, 1, 1, n] bool or None);
-    with `softcap`, logits are capped (cap * tanh(logits / cap)) before the softmax, as
+    """q [b, Hq, 1, D] over keys/values [b, Hkv, n, D] (mask [b, 1, 1, n] bool, an ALiBi
+    span's additive [b, Hq, 1, n] from alibi_bias, or None); with `softcap` (never with ALiBi),
+    logits are capped (cap * tanh(logits / cap)) before the softmax, as
     transformers' eager attention does for Gemma 2 (sdpa has no such step)."""
     if softcap is None:
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
