@@ -17,6 +17,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from drift.cli._exits import USAGE, UsageError, interrupted, run_command
+from drift.cli._openmp import bound_spinning
 from drift.cli._options import add_global_options, log_level
 from drift.cli._secrets import warn_secret_flags
 from drift.cli._settings import apply_settings, load_config, settable_actions
@@ -113,6 +114,7 @@ def unblock_stop_signals() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    bound_spinning(os.environ)  # before any command module imports torch
     unblock_stop_signals()
     try:
         args = parse_args(argv)
