@@ -1,124 +1,88 @@
-"""What OpenMP's spinning costs a pipeline of processes sharing a machine (no DRIFT).
+"""Handing a session over vs replaying it: time and bytes at several history lengths.
 
-Two processes take turns as two servers of a swarm do: A computes a step (a chain of
-one-row products the size of 15 SmolLM2 blocks, 212 MB of float32 weights, torch's default
-threads), hands it to B, B computes its step and hands it back after `--pause_ms` (the
-client's head). After each step a process's OpenMP workers spin before they sleep: with
-libgomp's default (300,000 spins) they spin milliseconds into the next process's step, on
-the same cores. Runs torch's default and DRIFT's bound (GOMP_SPINCOUNT=10000, set by the
-`drift` commands: drift/cli/_openmp.py) interleaved `--pairs` times and prints, per setting,
-the median step of A and of B (B starts right after A), B/A, a whole round, and the CPU
-time each process burns while it waits (its spinning).
+SmolLM2 (real weights), blocks [0, 15) loaded in this process (one compute thread). For
+each history length a session is prefilled (the replay a replacement does without
+handoff: timed), then handed over as the server does it: snapshot, each K/V piece encoded
+as a frame, decoded and checked against the offer, assembled and installed into a fresh
+session (timed; the bytes are the frames'). Loopback/link time is not in the handoff
+figure: at L bytes/s add bytes / L. A decode step on both sessions must agree exactly.
 
-    PYTHONPATH=. .venv/bin/python scripts/bench_handoff.py --pairs 5
+    OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/bench_handoff.py --tokens 500 1500 4000
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import multiprocessing as mp
-import os
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from drift.cli._openmp import BOUNDED_SPINS, SPIN_VAR, USER_VARS  # noqa: E402
+from drift.models.checkpoint import open_checkpoint  # noqa: E402
+from drift.models.span import ModelSpan  # noqa: E402
+from drift.server.handoff import _snapshot  # noqa: E402
+from drift.server.handoff_route import _empty, _install  # noqa: E402
+from drift.server.sessions import Session  # noqa: E402
+from drift.wire.frames import decode_frame, encode_frame  # noqa: E402
+from drift.wire.handoff import HandoffPiece  # noqa: E402
+from drift.wire.messages import OpenSession  # noqa: E402
 
-HIDDEN, INNER, BLOCKS = 576, 3072, 15  # 15 x 2 x 576 x 3072 floats: SmolLM2's 15 blocks' size
-
-
-def _server(rx, tx, out, steps: int) -> None:
-    import torch
-
-    gen = torch.Generator().manual_seed(0)
-    weights = [(torch.randn(HIDDEN, INNER, generator=gen), torch.randn(INNER, HIDDEN, generator=gen))
-               for _ in range(BLOCKS)]  # fmt: skip
-    x = torch.randn(1, HIDDEN, generator=gen)
-    computed, idle = [], []
-    for _ in range(steps):
-        cpu = time.process_time()
-        rx.recv()
-        idle.append(time.process_time() - cpu)
-        start = time.perf_counter()
-        h = x
-        for up, down in weights:
-            h = torch.nn.functional.silu(h @ up) @ down
-        computed.append(time.perf_counter() - start)
-        tx.send(1)
-    warm = 5
-    out.send((statistics.median(computed[warm:]) * 1e3, statistics.mean(idle[warm:]) * 1e3))
+START, END, CHUNK = 0, 15, 512
 
 
-def child(steps: int, pause_ms: float) -> dict[str, float]:
-    """One run: A and B (spawned: each loads libgomp with this process's environment)."""
-    ctx = mp.get_context("spawn")
-    to_a_r, to_a_w = ctx.Pipe(False)
-    a_to_b_r, a_to_b_w = ctx.Pipe(False)
-    back_r, back_w = ctx.Pipe(False)
-    outs = [ctx.Pipe(False) for _ in range(2)]
-    procs = [ctx.Process(target=_server, args=(to_a_r, a_to_b_w, outs[0][1], steps)),
-             ctx.Process(target=_server, args=(a_to_b_r, back_w, outs[1][1], steps))]  # fmt: skip
-    for p in procs:
-        p.start()
-    time.sleep(3.0)  # both load their weights
-    rounds = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        to_a_w.send(1)
-        back_r.recv()
-        time.sleep(pause_ms / 1e3)
-        rounds.append(time.perf_counter() - start)
-    (a_ms, a_idle), (b_ms, b_idle) = (r.recv() for r, _ in outs)
-    for p in procs:
-        p.join()
-    return {"a": a_ms, "b": b_ms, "round": statistics.median(rounds[5:]) * 1e3,
-            "idle_cpu": (a_idle + b_idle) / 2}  # fmt: skip
+def session_of(span: ModelSpan, max_length: int) -> Session:
+    req = OpenSession("fp", START, END, max_length, 1, "float32")
+    cache = span.new_session(batch_size=1, max_length=max_length, start_block=START,
+                             end_block=END)  # fmt: skip
+    return Session("bench", req, None, cache, 0)
+
+
+def hand_over(src: Session, dst: Session) -> int:
+    """The server's handoff minus the socket; the bytes of the frames."""
+    offer, pieces = _snapshot(src, "sender")
+    keys, values, mask = _empty(offer)
+    sent = 0
+    for piece in pieces:
+        frame = encode_frame(*piece.to_wire())
+        sent += len(frame)
+        got = HandoffPiece.from_wire(*decode_frame(frame), offer)
+        t1 = got.t0 + got.keys.shape[2]
+        keys[got.block][:, :, got.t0 : t1] = got.keys
+        values[got.block][:, :, got.t0 : t1] = got.values
+        mask = got.mask if got.mask is not None else mask
+    assert mask is not None
+    _install(dst, offer, keys, values, mask)
+    return sent
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--pairs", type=int, default=5)
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--pause_ms", type=float, default=5.0)
-    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.child:
-        print(json.dumps(child(args.steps, args.pause_ms)))
-        return
-    plain = {k: v for k, v in os.environ.items() if k not in USER_VARS}
-    settings = {
-        "torch default": plain,
-        f"{SPIN_VAR}={BOUNDED_SPINS}": plain | {SPIN_VAR: BOUNDED_SPINS},
-    }
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name in settings}
-    cmd = [sys.executable, __file__, "--child", "--steps", str(args.steps), "--pause_ms",
-           str(args.pause_ms)]  # fmt: skip
-    for _ in range(args.pairs):
-        for name, env in settings.items():
-            out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
-            run = json.loads(out.stdout.strip().splitlines()[-1])
-            runs[name].append(run)
-            print(f"{name:>22}: A {run['a']:5.1f} ms  B {run['b']:5.1f} ms  B/A "
-                  f"{run['b'] / run['a']:.2f}  round {run['round']:5.1f} ms  CPU burnt waiting "
-                  f"{run['idle_cpu']:4.1f} ms per step", flush=True)  # fmt: skip
-    print(f"\nmedians of {args.pairs} interleaved runs ({args.steps} steps each, "
-          f"{args.pause_ms:g} ms pause):")  # fmt: skip
-    print("| setting | A ms | B ms | B/A | round ms | CPU burnt waiting, ms per step |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    med = {
-        name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()
-    }
-    for name, m in med.items():
-        ratio = statistics.median(r["b"] / r["a"] for r in runs[name])
-        print(f"| {name} | {m['a']:.1f} | {m['b']:.1f} | {ratio:.2f} | {m['round']:.1f} | "
-              f"{m['idle_cpu']:.1f} |")  # fmt: skip
-    default, bounded = med.values()
-    print(f"round, bounded vs default: {bounded['round'] / default['round']:.2f}x the time")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--tokens", type=int, nargs="+", default=[500, 1500, 4000])
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    span = ModelSpan.load(open_checkpoint(args.model), START, END, dtype=torch.float32)
+    hidden = span.adapter.hidden_size
+    print(f"blocks [{START}, {END}) of {args.model}, float32, 1 thread")
+    print(f"{'history':>8} {'replay_s':>9} {'handoff_s':>10} {'MiB':>8} {'replay/handoff':>15}")
+    for n in args.tokens:
+        x = torch.randn(1, n, hidden, generator=torch.Generator().manual_seed(n))
+        src = session_of(span, n + 4)
+        started = time.perf_counter()
+        for t0 in range(0, n, CHUNK):
+            src.cache.step(x[:, t0 : t0 + CHUNK])
+        replay = time.perf_counter() - started
+        dst = session_of(span, n + 4)
+        started = time.perf_counter()
+        sent = hand_over(src, dst)
+        handoff = time.perf_counter() - started
+        nxt = torch.randn(1, 1, hidden)
+        assert torch.equal(src.cache.step(nxt), dst.cache.step(nxt)), "handed-over state differs"
+        print(f"{n:>8} {replay:>9.3f} {handoff:>10.4f} {sent / 2**20:>8.1f} "
+              f"{replay / handoff:>14.1f}x")  # fmt: skip
 
 
 if __name__ == "__main__":

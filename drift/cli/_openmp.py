@@ -1,7 +1,7 @@
 """How long an idle OpenMP worker of a DRIFT process spins before it sleeps.
 
 torch's CPU kernels (its own and MKL's) run on GNU OpenMP, whose workers spin 300,000 times
-(about 7 ms of a core here: scripts/bench_handoff.py) after each burst of compute before they
+(about 7 ms of a core here: scripts/bench_spin.py) after each burst of compute before they
 sleep. A pipeline hands each token from process to process (client, server, server, ...), so on
 a machine that several of them share, every hand-off leaves the next one computing beside a
 spinning core. DRIFT's commands bound the spin to 10,000 (about 0.2 ms): far longer than the

@@ -1,5 +1,5 @@
 """drift's commands bound OpenMP's spinning before torch loads (drift/cli/_openmp.py), unless
-the user chose a spin count or wait policy; scripts/bench_handoff.py measures why."""
+the user chose a spin count or wait policy; scripts/bench_spin.py measures why."""
 
 from __future__ import annotations
 
