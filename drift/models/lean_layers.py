@@ -41,12 +41,13 @@ def attn_inputs(layer: Any, h: torch.Tensor, cos: torch.Tensor,
         q, k = attn.q_norm(q), attn.k_norm(k)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), attn.v_proj(x).view(shape).transpose(1, 2)
     c, s = cos.unsqueeze(1), sin.unsqueeze(1)  # [R, 1, 1, D]
-    return q * c + _rotate_half(q) * s, k * c + _rotate_half(k) * s, v
+    return _rotary(q, c, s), _rotary(k, c, s), v
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def _rotary(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """x rotated by cos c and sin s, halves paired (transformers' apply_rotary_pos_emb)."""
     half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * c + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * s
 
 
 def attn_outputs(layer: Any, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
@@ -86,7 +87,7 @@ def falcon_attn_inputs(
     if config.alibi:  # positions come as attention biases (alibi_bias), not rotary
         return q, k, v
     c, s = cos.unsqueeze(1), sin.unsqueeze(1)
-    return q * c + _rotate_half(q) * s, k * c + _rotate_half(k) * s, v
+    return _rotary(q, c, s), _rotary(k, c, s), v
 
 
 def falcon_attn_outputs(layer: Any, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
@@ -210,7 +211,7 @@ def mla_attn_inputs(layer: Any, h: torch.Tensor, cos: torch.Tensor,
     if attn.config.rope_interleave:
         q_rot, k_rot = _rotate_pairs(q_rot, c, s), _rotate_pairs(k_rot, c, s)
     else:
-        q_rot, k_rot = q_rot * c + _rotate_half(q_rot) * s, k_rot * c + _rotate_half(k_rot) * s
+        q_rot, k_rot = _rotary(q_rot, c, s), _rotary(k_rot, c, s)
     w_key, _ = _kv_b(attn)
     q_latent = torch.matmul(q_pass, w_key)  # [R, heads, 1, nope] @ [heads, nope, lora]
     return torch.cat([q_latent, q_rot], dim=-1), latent, k_rot

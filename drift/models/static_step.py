@@ -171,6 +171,7 @@ class LeanDecoder:
         first = span.start_block
         self.kinds = {i: span.adapter.layer_type(i) for i in range(first, first + len(span.layers))}
         self.windows = {i: window_of(span, i) for i in self.kinds}
+        self.scales = {i: scale_of(span.layers[i - first]) for i in self.kinds}
 
     def takes(self, steps: Sequence[BatchStep]) -> bool:
         """Steps this decoder runs: one token per row, distinct sessions of this span."""
@@ -222,7 +223,7 @@ class LeanDecoder:
         for index in sessions[0].layer_ids:
             layer = span.layers[index - span.start_block]
             q, k, v = pre(layer, h, *rotary[self.kinds[index]])
-            window, scale = self.windows[index], scale_of(layer)
+            window, scale = self.windows[index], self.scales[index]
             outs, row = [], 0
             for s, b, mask in zip(sessions, rows, attn_masks, strict=True):
                 keys, values = self.buffers.append(
