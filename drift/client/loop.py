@@ -13,6 +13,8 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from drift.client.idle_workers import worker_release
+
 T = TypeVar("T")
 CLOSE_TIMEOUT_S = 5.0  # seconds closing may wait for the loop's last work
 
@@ -22,6 +24,7 @@ class LoopThread:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
+        self._release_workers = worker_release()  # before a wait (drift.client.idle_workers)
         self.closed = False
         self._thread = threading.Thread(target=self._run, name="drift-client-loop", daemon=True)
         self._thread.start()
@@ -41,6 +44,7 @@ class LoopThread:
             coro.close()
             raise RuntimeError("LoopThread.run called from inside its own loop")
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        self._release_workers()  # while the loop sends: no core spins through the wait
         return future.result(timeout)
 
     def submit(self, coro: Coroutine[Any, Any, Any]) -> None:

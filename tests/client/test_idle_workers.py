@@ -1,0 +1,69 @@
+"""The client lets its OpenMP workers sleep while it waits for the servers
+(drift/client/idle_workers.py): the pool of the thread that waits is ended before each wait,
+so no core of a machine the servers share spins through their step."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from drift.client.idle_workers import _loaded_runtime
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="counts threads through /proc")  # fmt: skip
+
+# A process with 2 compute threads: after a parallel reduction its OpenMP pool holds a worker
+# thread; it prints the thread counts (1) after the reduction, (2) inside a coroutine run
+# through the client's LoopThread, 50 ms into the wait, (3) after the next reduction, and
+# whether the sums agree.
+_PROBE = """
+import asyncio, os, torch
+from drift.client.loop import LoopThread
+def threads(): return len(os.listdir("/proc/self/task"))
+loop = LoopThread()
+x = torch.ones(4_000_000)
+first = x.sum().item()
+busy = threads()
+async def later():
+    await asyncio.sleep(0.05)
+    return threads()
+waiting = loop.run(later())
+again = x.sum().item()
+print(busy, waiting, threads(), first == again == 4_000_000)
+loop.close()
+"""
+
+
+def _probe(env_extra: dict[str, str]) -> list[str]:
+    import os
+
+    env = {**os.environ, "OMP_NUM_THREADS": "2", **env_extra}
+    done = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True,
+                          text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.split()
+
+
+def test_the_waiting_thread_has_no_openmp_worker_during_the_wait() -> None:
+    busy, waiting, after, same = _probe({})
+    assert same == "True"
+    # the reduction's worker exists, is gone while the thread waits, and comes back for the
+    # next reduction
+    assert int(waiting) == int(busy) - 1, (busy, waiting, after)
+    assert int(after) == int(busy), (busy, waiting, after)
+
+
+def test_the_runtime_is_found_in_the_process_maps(tmp_path: Path) -> None:
+    maps = tmp_path / "maps"
+    maps.write_text(
+        "7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/libc.so.6\n"
+        "7f02-7f03 r-xp 00000000 08:01 2 /opt/venv/torch/lib/libgomp.so.1\n"
+        "7f04-7f05 rw-p 00000000 00:00 0 \n"
+    )
+    assert _loaded_runtime(maps) == "/opt/venv/torch/lib/libgomp.so.1"
+    maps.write_text("7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/libc.so.6\n")
+    assert _loaded_runtime(maps) is None
+    assert _loaded_runtime(tmp_path / "missing") is None
