@@ -43,7 +43,7 @@ def worker_release(maps: Path = Path("/proc/self/maps")) -> Callable[[], None]:
     try:
         lib = ctypes.CDLL(path) if path else ctypes.CDLL(None)
         pause = lib.omp_pause_resource_all
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # TypeError: CDLL(None) on Windows
         return _nothing
     pause.argtypes = [ctypes.c_int]
     pause.restype = ctypes.c_int

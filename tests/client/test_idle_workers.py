@@ -67,3 +67,13 @@ def test_the_runtime_is_found_in_the_process_maps(tmp_path: Path) -> None:
     maps.write_text("7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/libc.so.6\n")
     assert _loaded_runtime(maps) is None
     assert _loaded_runtime(tmp_path / "missing") is None
+
+
+def test_a_runtime_that_cannot_be_opened_leaves_a_no_op(tmp_path: Path) -> None:
+    from drift.client.idle_workers import _nothing, worker_release
+
+    maps = tmp_path / "maps"
+    maps.write_text("7f02-7f03 r-xp 00000000 08:01 2 /nonexistent/lib/libgomp.so.1\n")
+    release = worker_release(maps)
+    assert release is _nothing
+    release()
