@@ -300,7 +300,9 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=3)
     parser.add_argument("--new", type=int, default=8, help="decode steps per run")
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--lookup_new", type=int, default=24, help="tokens for prompt lookup")
+    parser.add_argument(
+        "--lookup_new", type=int, default=24, help="tokens for prompt lookup (0: skip that section)"
+    )
     parser.add_argument(
         "--tls",
         default="on",
@@ -381,7 +383,8 @@ def run(args: Any, rtts: list[float], servers: Servers, model: Any, directory: A
                   f"{step_ms / relay / 1e3:8.2f}x {flag} {first_ms:15.1f} {close_ms:8.1f}", flush=True)  # fmt: skip
     servers.set_link(0, 0)
     compression(args, model)
-    lookup(args, rtts[-1], servers, model, directory)
+    if args.lookup_new > 0:  # 0: no prompt-lookup section
+        lookup(args, rtts[-1], servers, model, directory)
 
 
 def compression(args: Any, model: Any) -> None:
