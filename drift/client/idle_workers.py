@@ -7,7 +7,7 @@ loaded, which a library imported after torch cannot do. Where the servers share 
 (the demo, tests, a workstation serving and chatting), that spinning core is taken from the
 first server's step. OpenMP 5's `omp_pause_resource_all` ends the calling thread's pool at
 once (while the loop thread sends, off the token's path); its next parallel region starts
-fresh workers: 0.05-0.15 ms per token here at 2-8 threads, the price on a machine of its own.
+fresh workers: 0.03-0.15 ms per token here at 2-8 threads, the price on a machine of its own.
 Where the runtime lacks the call, releasing does nothing. Measured: docs/performance.md.
 """
 
