@@ -29,9 +29,9 @@ def _loaded_runtime(maps: Path = Path("/proc/self/maps")) -> str | None:
     except OSError:
         return None
     for line in lines:
-        path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
-        if os.path.basename(path).startswith(RUNTIMES) and ".so" in path:
-            return path
+        fields = line.split(maxsplit=5)  # address perms offset dev inode [path]
+        if len(fields) == 6 and os.path.basename(fields[5]).startswith(RUNTIMES):
+            return fields[5]
     return None
 
 

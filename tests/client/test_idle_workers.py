@@ -4,6 +4,7 @@ so no core of a machine the servers share spins through their step."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -38,8 +39,6 @@ loop.close()
 
 
 def _probe(env_extra: dict[str, str]) -> list[str]:
-    import os
-
     env = {**os.environ, "OMP_NUM_THREADS": "2", **env_extra}
     done = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True,
                           text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
