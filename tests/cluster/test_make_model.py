@@ -63,3 +63,19 @@ def test_real_shapes_have_their_sizes() -> None:
     assert mla["model.layers.7.self_attn.kv_b_proj.weight"] == (16 * (64 + 64), 256)
     bloom = make_model.param_shapes(make_model.build_config("bloom-small", torch.bfloat16))
     assert bloom["transformer.h.7.self_attention.query_key_value.weight"] == (3 * 1024, 1024)
+
+
+def test_gemma4_shape_shares_keys_values_across_a_halfway_cut() -> None:
+    """gemma4-small: per-layer inputs, and its last 6 blocks read donors 3 and 5, so a cut at
+    block 6 ships keys/values between servers; layer scalars are ones, as transformers sets
+    them (N(0, 0.02) scalars shrank every block's output 50x, and the final norm then
+    magnified float noise until a 1-row and a 4-row run of one prompt parted ways)."""
+    from drift.models.sharing import KVSharing
+
+    cfg = make_model.build_config("gemma4-small", torch.float32)
+    shapes = make_model.param_shapes(cfg)
+    assert shapes["model.embed_tokens_per_layer.weight"] == (make_model.SMOLLM2_VOCAB, 12 * 64)
+    sharing = KVSharing.from_config(cfg)
+    assert sharing.donated(0, 6, 12) == (3, 5) and sharing.consumed(6, 12) == (3, 5)
+    scalar = make_model.random_tensor("model.layers.0.layer_scalar", (1,), torch.float32, 0, 0.02)
+    assert torch.equal(scalar, torch.ones(1))
