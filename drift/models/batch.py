@@ -5,15 +5,19 @@ the longest one into a temporary batched cache, with the padding masked out of t
 (positions come from the mask's cumsum, so rotary and ALiBi see each row's own positions,
 and a sliding window shifted by a row's padding covers the same tokens), runs the layers once
 and appends each session's new keys and values to its own cache. A session's output does not
-depend on who it ran with (up to float reduction order). Steps taking named tensors (Gemma
-4), deep prompts or a beam reorder are not batched: `batchable` says which may be. Steps
-over long pasts run one by one (`worth_batching`): copying those pasts costs more than the
-weight reads a batch saves.
+depend on who it ran with (up to float reduction order). Gemma 4's steps batch too: their
+named tensors (per-layer inputs, the new positions' K/V of donors before the span) are
+stacked row-wise, the pasts are those of every cache slot the blocks read (a consumer block
+has none of its own: it reads its donor's, drift.models.sharing), and the K/V the span
+donates go back to each step by rows. Deep prompts and beam reorders are not batched (the
+server runs such steps alone). Steps over long pasts run one by one (`worth_batching`):
+copying those pasts costs more than the weight reads a batch saves.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
@@ -25,32 +29,35 @@ from drift.models.session import SpanSession
 
 @dataclass(frozen=True)
 class BatchStep:
-    """A validated plain step of one session: hidden [b, T, H] at `position`."""
+    """A validated step of one session: hidden [b, T, H] at `position`, the named tensors
+    its blocks take (drift.wire.extras: Gemma 4's per-layer inputs [b, T, n, P] and donors'
+    K/V [b, heads, T, D]) and the donors whose new K/V it asks back (`donate`)."""
 
     session: SpanSession
     position: int
     hidden: torch.Tensor
     attention_mask: torch.Tensor | None = None  # [b, T]
+    extras: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    donate: tuple[int, ...] = ()
 
 
-def batchable(session: SpanSession) -> bool:
-    """Whether the session's blocks can run in a batch with others: no K/V sharing between
-    blocks and no named tensors beside the hidden states (not Gemma 4)."""
-    spec = session.span.extra_spec(session.start_block, session.end_block)
-    return not session.span.adapter.sharing.consumers and not spec.inputs and not spec.donors
+StepOut = tuple[torch.Tensor, dict[str, torch.Tensor]]  # output [b, T, H], donated K/V by name
 
 
-def batch_key(step: BatchStep) -> tuple[int, int, int, int]:
-    """Steps with equal keys may run together: the same span object, blocks and tokens."""
+def batch_key(step: BatchStep) -> tuple[object, ...]:
+    """Steps with equal keys may run together: the same span object, blocks and tokens, and
+    the same named tensors in and out."""
     s = step.session
-    return id(s.span), s.start_block, s.end_block, int(step.hidden.shape[1])
+    return (id(s.span), s.start_block, s.end_block, int(step.hidden.shape[1]),
+            tuple(sorted(step.extras)), step.donate)  # fmt: skip
 
 
-def run_steps(steps: list[BatchStep]) -> list[torch.Tensor]:
-    """Run steps of distinct sessions with equal `batch_key` as one forward; each output
-    [b, T, H] in its step's dtype (or one by one, where `worth_batching` says no). Raises
-    what a session's own checks raise (closed, position past the end); a failure leaves
-    every cache as it was before the call (rolled back to the step's position)."""
+def run_steps(steps: list[BatchStep]) -> list[StepOut]:
+    """Run steps of distinct sessions with equal `batch_key` as one forward (or one by one,
+    where `worth_batching` says no); each step's output [b, T, H] and donated K/V, in its
+    hidden's dtype. Raises what a session's own checks raise (closed, position past the
+    end); a failure leaves every cache as it was before the call (rolled back to the step's
+    position)."""
     if len(steps) == 1 or not worth_batching(steps):  # each session's own path
         return _one_by_one(steps)
     sessions = [step.session for step in steps]
@@ -62,15 +69,20 @@ def run_steps(steps: list[BatchStep]) -> list[torch.Tensor]:
     mask_2d = torch.cat([_left_pad(m, past + tokens, False) for m in masks], dim=0)
     cache = _padded_cache(sessions, past)
     hidden = torch.cat([st.hidden.to(span.device, span.dtype) for st in steps], dim=0)
+    named = {name: torch.cat([st.extras[name].to(span.device, span.dtype) for st in steps])
+             for name in steps[0].extras}  # fmt: skip
     with torch.no_grad():
-        out, _ = span.run_layers(sessions[0].layer_ids, hidden, mask_2d, cache, None, 0)
-    outs, row = [], 0
+        out, donated = span.run_layers(sessions[0].layer_ids, hidden, mask_2d, cache, None, 0,
+                                       named, steps[0].donate)  # fmt: skip
+    outs: list[StepOut] = []
+    row = 0
     try:
         for s, st, m in zip(sessions, steps, masks, strict=True):
             rows = slice(row, row + st.hidden.shape[0])
             _append_new(s, cache, rows, past, tokens)
             s.commit(m)
-            outs.append(out[rows].to(st.hidden.dtype))
+            dtype = st.hidden.dtype
+            outs.append((out[rows].to(dtype), {k: v[rows].to(dtype) for k, v in donated.items()}))
             row = rows.stop
     except Exception:
         for s, st in zip(sessions, steps, strict=True):
@@ -87,7 +99,8 @@ def worth_batching(steps: list[BatchStep]) -> bool:
     128 to 4,096 tokens) it pays while COPY_COST times the bytes of past copied stay under
     the bytes of weights the batch saves reading: at 2 sessions to about 700 past tokens."""
     session = steps[0].session
-    per_token = max(_kv_bytes_per_token(st.session.cache, session.layer_ids) for st in steps)
+    slots = cache_slots(session)
+    per_token = max(_kv_bytes_per_token(st.session.cache, slots) for st in steps)
     if per_token == 0:  # no session holds a past yet
         return True
     rows = sum(int(st.hidden.shape[0]) for st in steps)
@@ -102,10 +115,17 @@ def worth_batching(steps: list[BatchStep]) -> bool:
 COPY_COST = 5  # a byte of past copied costs about as much as this many bytes of weights read
 
 
-def _kv_bytes_per_token(cache: DynamicCache, layer_ids: tuple[int, ...]) -> int:
-    """Bytes of keys and values one cached token takes over `layer_ids` (0: none cached)."""
+def cache_slots(session: SpanSession) -> tuple[int, ...]:
+    """The cache layers a session's blocks read: each block's own, or its donor's (Gemma 4's
+    consumers keep none of their own; a donor before the span is kept in its slot)."""
+    sharing = session.span.adapter.sharing
+    return tuple(sorted({sharing.cache_slot(i) for i in session.layer_ids}))
+
+
+def _kv_bytes_per_token(cache: DynamicCache, slots: tuple[int, ...]) -> int:
+    """Bytes of keys and values one cached token takes over `slots` (0: none cached)."""
     total = 0
-    for index in layer_ids:
+    for index in slots:
         kv = _kv(cache, index)
         if kv is not None:
             k, v = kv
@@ -113,14 +133,14 @@ def _kv_bytes_per_token(cache: DynamicCache, layer_ids: tuple[int, ...]) -> int:
     return total
 
 
-def _one_by_one(steps: list[BatchStep]) -> list[torch.Tensor]:
+def _one_by_one(steps: list[BatchStep]) -> list[StepOut]:
     """Each step on its session's own path; a failure rolls back the steps run before it."""
-    outs: list[torch.Tensor] = []
+    outs: list[StepOut] = []
     try:
         for step in steps:
-            out, _ = step.session.run(step.position, step.hidden,
-                                      attention_mask=step.attention_mask)  # fmt: skip
-            outs.append(out)
+            outs.append(step.session.run(step.position, step.hidden,
+                                         attention_mask=step.attention_mask,
+                                         extras=step.extras, donate=step.donate))  # fmt: skip
     except Exception:
         for step in steps[: len(outs)]:
             step.session.rollback(step.position)
@@ -138,11 +158,12 @@ def _left_pad(t: torch.Tensor, length: int, value: bool | float, dim: int = 1) -
 
 
 def _padded_cache(sessions: list[SpanSession], past: int) -> DynamicCache:
-    """A fresh cache whose span layers hold every session's past, left-padded to `past`."""
+    """A fresh cache whose slots (`cache_slots`) hold every session's past, left-padded to
+    `past`."""
     cache = new_cache(sessions[0].span.config)
     if past == 0:
         return cache
-    for index in sessions[0].layer_ids:
+    for index in cache_slots(sessions[0]):
         stored = [_kv(s.cache, index) for s in sessions]
         like = next(kv for kv in stored if kv is not None)
         keys, values = [], []
@@ -178,7 +199,7 @@ def _no_tokens(like: torch.Tensor, batch: int) -> torch.Tensor:
 def _append_new(session: SpanSession, cache: DynamicCache, rows: slice, past: int,
                 tokens: int) -> None:  # fmt: skip
     """The keys and values of the step's tokens, from the batched cache into the session's."""
-    for index in session.layer_ids:
+    for index in cache_slots(session):
         kv = _kv(cache, index)
         assert kv is not None
         k, v = (t[rows, ..., past : past + tokens, :] for t in kv)

@@ -174,14 +174,19 @@ class LeanDecoder:
         self.scales = {i: scale_of(span.layers[i - first]) for i in self.kinds}
 
     def takes(self, steps: Sequence[BatchStep]) -> bool:
-        """Steps this decoder runs: one token per row, distinct sessions of this span."""
+        """Steps this decoder runs: one token per row, no named tensors, distinct sessions of
+        this span."""
         return all(
-            st.session.span is self.span and int(st.hidden.shape[1]) == 1 for st in steps
+            st.session.span is self.span
+            and int(st.hidden.shape[1]) == 1
+            and not st.extras
+            and not st.donate
+            for st in steps
         ) and len({id(st.session) for st in steps}) == len(steps)
 
     def run(self, steps: Sequence[BatchStep]) -> list[torch.Tensor]:
-        """Like drift.models.batch.run_steps: each output [b, 1, H] in its step's dtype; a
-        failure leaves every session as it was before the call."""
+        """Like drift.models.batch.run_steps, with no named tensors: each output [b, 1, H]
+        in its step's dtype; a failure leaves every session as it was before the call."""
         sessions = [st.session for st in steps]
         masks = [s.prepare(st.position, st.hidden, None, st.attention_mask)
                  for s, st in zip(sessions, steps, strict=True)]  # fmt: skip

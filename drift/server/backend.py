@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from drift.models.batch import BatchStep, run_steps
+from drift.models.batch import BatchStep, StepOut, run_steps
 from drift.models.memory import trim_heap
 from drift.server.chunks import forward_chunks, merge_grad_prompts, row_groups
 from drift.server.compute_thread import ComputeThread
@@ -116,13 +116,12 @@ class SpanBackend:
         self.chunks_run += 1
         return await self.run(fn)
 
-    def run_steps(self, steps: list[BatchStep]) -> list[torch.Tensor]:
-        """Batched plain steps of sessions (drift.server.batcher), on the compute thread: the
-        decode unit where it takes them, else drift.models.batch."""
+    def run_steps(self, steps: list[BatchStep]) -> list[StepOut]:
+        """Batched steps of sessions (drift.server.batcher), on the compute thread: the decode
+        unit where it takes them, else drift.models.batch."""
         try:
             if self.decode is not None and self.decode.takes(steps):
-                out: list[torch.Tensor] = self.decode.run(steps)
-                return out
+                return [(out, {}) for out in self.decode.run(steps)]
             return run_steps(steps)
         finally:
             self._release_freed(steps)

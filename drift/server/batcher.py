@@ -1,29 +1,29 @@
 """Batching the steps of concurrent sessions: those queued while the compute thread is busy
 run together as one forward.
 
-A plain step (no named tensors, deep prompts or beam reorder) is queued here instead of
-going to the compute thread on its own. The first step queued submits one drain job; when
-the compute thread reaches it, the job takes every step queued by then, groups those that
-can share a forward (drift.models.batch: same blocks and tokens per row, one step per
-session, at most `chunk_tokens` tokens per forward) and runs each group once. Steps queued
-while it runs wait for the next drain job. Before taking the queue, a drain job waits for
-the sessions that are stepping while their steps keep coming (`wait_s` after the latest,
-WAIT_CAP x `wait_s` in all), so sessions stepping in turn along a chain of servers fall into
-one convoy. A session is stepping while its next step is due: it stepped in the last
-RECENT_S seconds and less than twice its own last gap between steps (+ `wait_s`) ago; a
-held idle session (a finished request's, kept for the next chat turn) is not waited for.
-A drain waits only for sessions whose last step could share a forward with a queued one
-(the same `batch_key`: a prompt's step does not wait for decoding sessions, which would
-run apart anyway, and whose client may be waiting for that very prompt), and a session a
-drain waited for in vain is not waited for again until it steps (a row of `drift api`
-that ended while its session is held for the next turn costs one wait, not one per step
-of its gap), nor one whose client said it is idle (`idle`: a session held for a later
-turn, announced by drift.wire's `idle` message) or that closed (`forget`): a drain waiting
-for it stops at once. A wait that ends with no new step is counted (`vain_waits`), and
-every wait's seconds (`wait_s_total`). A group whose forward fails is rerun step by step,
-so an error reaches only its own session; any other failure of a drain job fails only the
-steps it took, is counted (`drains_failed`) and leaves the batcher ready for the next step.
-Knows nothing about HTTP.
+A step with no deep prompts, beam reorder or LoRA (named tensors allowed: Gemma 4) is queued
+here instead of going to the compute thread on its own. The first step queued submits one
+drain job; when the compute thread reaches it, the job takes every step queued by then,
+groups those that can share a forward (drift.models.batch: same blocks, tokens per row and
+named tensors, one step per session, at most `chunk_tokens` tokens per forward) and runs
+each group once. Steps queued while it runs wait for the next drain job. Before taking the
+queue, a drain job waits for the sessions that are stepping while their steps keep coming
+(`wait_s` after the latest, WAIT_CAP x `wait_s` in all), so sessions stepping in turn along
+a chain of servers fall into one convoy. A session is stepping while its next step is due:
+it stepped in the last RECENT_S seconds and less than twice its own last gap between steps
+(+ `wait_s`) ago; a held idle session (a finished request's, kept for the next chat turn) is
+not waited for. A drain waits only for sessions whose last step could share a forward with a
+queued one (the same `batch_key`: a prompt's step does not wait for decoding sessions, which
+would run apart anyway, and whose client may be waiting for that very prompt), and a session
+a drain waited for in vain is not waited for again until it steps (a row of `drift api` that
+ended while its session is held for the next turn costs one wait, not one per step of its
+gap), nor one whose client said it is idle (`idle`: a session held for a later turn,
+announced by drift.wire's `idle` message) or that closed (`forget`): a drain waiting for it
+stops at once. A wait that ends with no new step is counted (`vain_waits`), and every wait's
+seconds (`wait_s_total`). A group whose forward fails is rerun step by step, so an error
+reaches only its own session; any other failure of a drain job fails only the steps it took,
+is counted (`drains_failed`) and leaves the batcher ready for the next step. Knows nothing
+about HTTP.
 """
 
 from __future__ import annotations
@@ -35,10 +35,8 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-import torch
-
 from drift.metrics import Histogram
-from drift.models.batch import BatchStep, batch_key, batchable
+from drift.models.batch import BatchStep, StepOut, batch_key
 from drift.models.session import SpanSession
 from drift.server.backend import SpanBackend
 
@@ -52,8 +50,8 @@ WAIT_CAP = 5  # a drain waits at most this many times wait_s in all
 @dataclass(frozen=True)
 class _Queued:
     step: BatchStep
-    future: Future[torch.Tensor]
-    key: object  # what it may share a forward with (batch_key; unbatchable: its own object)
+    future: Future[StepOut]
+    key: object  # what it may share a forward with (batch_key)
 
     @property
     def tokens(self) -> int:
@@ -100,11 +98,11 @@ class StepBatcher:
         with self._cond:
             return len(self._queue)
 
-    async def step(self, session: SpanSession, position: int, hidden: torch.Tensor,
-                   attention_mask: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
-        """A validated plain step of `session`: its output [b, T, H] on the CPU."""
-        step = BatchStep(session, position, hidden, attention_mask)
-        item = _Queued(step, Future(), batch_key(step) if batchable(session) else object())
+    async def step(self, step: BatchStep) -> StepOut:
+        """A validated step of its session: its output [b, T, H] and the K/V it asked back
+        (`donate`), on the CPU."""
+        session = step.session
+        item = _Queued(step, Future(), batch_key(step))
         with self._cond:
             self._queue.append(item)
             now, pace = time.monotonic(), self._seen.get(id(session))
@@ -196,7 +194,7 @@ class StepBatcher:
 
     def _groups(self, items: list[_Queued]) -> list[list[_Queued]]:
         """Arrival order; a step joins the first open group it fits (key, one step per
-        session, the token cap), else opens one. Unbatchable sessions run alone."""
+        session, the token cap), else opens one."""
         cap = self.backend.chunk_tokens
         groups: list[tuple[object, list[_Queued]]] = []
         for item in items:
@@ -220,9 +218,14 @@ class StepBatcher:
                 return
             for item in group:  # one session's error (closed, bad position) stays its own
                 try:
-                    item.future.set_result(run_steps([item.step])[0].to("cpu"))
+                    item.future.set_result(_on_cpu(run_steps([item.step])[0]))
                 except Exception as one:
                     item.future.set_exception(one)
             return
         for item, out in zip(group, outs, strict=True):
-            item.future.set_result(out.to("cpu"))
+            item.future.set_result(_on_cpu(out))
+
+
+def _on_cpu(out: StepOut) -> StepOut:
+    hidden, donated = out
+    return hidden.to("cpu"), {name: t.to("cpu") for name, t in donated.items()}

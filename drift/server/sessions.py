@@ -23,12 +23,14 @@ from typing import Any
 
 import torch
 
+from drift.models.batch import BatchStep
 from drift.server.backend import SpanBackend
 from drift.server.batcher import StepBatcher
 from drift.server.budget import CacheBudget
 from drift.wire.checks import ACTIVATION_DTYPES, StepLimits
 from drift.wire.errors import BadRequest, Busy, LengthExceeded, UnknownAdapter, UnknownSession
 from drift.wire.extend import SessionExtended
+from drift.wire.extras import token_axis
 from drift.wire.lora import split_lora
 from drift.wire.messages import OpenSession, SessionOpened, StepRequest, StepResponse
 
@@ -191,8 +193,11 @@ class SessionManager:
 
     async def step(self, session_id: str, req: StepRequest) -> StepResponse:
         """`req` was validated against this session's limits at the wire edge. A long prefill
-        runs in chunks of the backend's `chunk_tokens`, so other sessions' steps run between
-        (a step carrying extras or asking for every block's states runs as one unit)."""
+        runs in chunks of the backend's `chunk_tokens`, so other sessions' steps run between.
+        Chunks with no deep prompts, beam reorder or LoRA go through the batcher, so
+        concurrent sessions' steps share a forward (Gemma 4's named tensors are cut into the
+        same chunks, and the K/V each chunk donates joined again). A step asking for every
+        block's states, or carrying named tensors but not batched, runs as one unit."""
         session = self.get(session_id)
         lora, others = split_lora(req.extras)
         if lora:  # kept for this step and the next ones
@@ -200,26 +205,32 @@ class SessionManager:
         # LoRA (a served adapter or weights a step sent) applies to the whole span while a
         # forward runs: such a session's steps run alone, never batched with others
         alone = bool(session.lora) or session.request.adapter is not None
+        batched = req.hypo_ids is None and req.prompts is None and not alone
         session.busy = True
         try:
-            if req.extras or req.donate or req.block_states:
+            if req.block_states or (not batched and (req.extras or req.donate)):
                 return await self.backend.run_chunk(functools.partial(self._step, session, req))
             tokens, chunk = req.hidden_states.shape[1], self.backend.chunk_tokens
-            outs = []
+            outs, donated = [], []
             for pos in range(0, tokens, chunk):
                 stop = min(tokens, pos + chunk)
-                if req.hypo_ids is None and req.prompts is None and not alone:  # batched
+                if batched:
                     mask = req.attention_mask
-                    outs.append(await self.batcher.step(
+                    out, named = await self.batcher.step(BatchStep(
                         session.cache, req.position + pos, req.hidden_states[:, pos:stop],
-                        None if mask is None else mask[:, pos:stop]))  # fmt: skip
+                        None if mask is None else mask[:, pos:stop],
+                        _tokens(req.extras, pos, stop), req.donate))  # fmt: skip
+                    outs.append(out)
+                    donated.append(named)
                     continue
                 outs.append(await self.backend.run_chunk(
                     functools.partial(self._step_tokens, session, req, pos, stop)))  # fmt: skip
         finally:
             session.busy = False
             session.last_used = time.monotonic()
-        return StepResponse(req.step_id, outs[0] if len(outs) == 1 else torch.cat(outs, dim=1))
+        if len(outs) == 1:
+            return StepResponse(req.step_id, outs[0], donated[0] if donated else {})
+        return StepResponse(req.step_id, torch.cat(outs, dim=1), _joined(donated))
 
     def _step(self, session: Session, req: StepRequest) -> StepResponse:
         with self.backend.span.serving(session.lora, adapter=session.request.adapter):
@@ -282,3 +293,13 @@ class SessionManager:
     def close_all(self) -> None:
         for sid in list(self.sessions):
             self.close(sid)
+
+
+def _tokens(named: dict[str, torch.Tensor], start: int, stop: int) -> dict[str, torch.Tensor]:
+    """Tokens [start, stop) of each named tensor (drift.wire.extras.token_axis)."""
+    return {k: v.narrow(token_axis(k), start, stop - start) for k, v in named.items()}
+
+
+def _joined(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Named tensors of consecutive chunks, joined along their tokens."""
+    return {k: torch.cat([p[k] for p in parts], dim=token_axis(k)) for k in parts[0]}

@@ -72,6 +72,12 @@ def reply_shape(name: str) -> Shape:
     return ("B", "T", "*", "*") if name == PER_LAYER_INPUTS else ("B", "*", "T", "*")
 
 
+def token_axis(name: str) -> int:
+    """Where a named tensor's tokens lie: per-layer inputs and block states [B, T, ...]: 1;
+    keys/values [B, heads, T, D]: 2 (LoRA weights have none: ValueError)."""
+    return reply_shape(name).index("T")
+
+
 def states_shape(n_blocks: int, hidden_size: int) -> Shape:
     """The shape of `block_states` in a reply for `n_blocks` blocks."""
     return ("B", "T", n_blocks, hidden_size)

@@ -40,7 +40,7 @@ def test_long_pasts_step_one_by_one(tiny: Tiny, monkeypatch, pasts, batched) -> 
     steps = [BatchStep(s[0], p, tiny.head.embed(x)) for s, p, x in zip(together, pasts, ids,
                                                                         strict=True)]  # fmt: skip
     assert worth_batching(steps) is batched
-    hidden = run_steps(steps)
+    hidden = [out for out, _ in run_steps(steps)]
     assert rows == ([2] if batched else [1, 1])
     for u, h in enumerate(hidden):
         out = together[u][1].step(h)

@@ -19,6 +19,7 @@ import torch
 from drift.models.checkpoint import Checkpoint
 from drift.models.span import ModelSpan
 from drift.wire import messages as m
+from drift.wire.extras import concrete
 from drift.wire.lora import lora_name
 from tests.server.wsclient import RawSession
 from tests.tiny_models import save_tiny
@@ -142,3 +143,73 @@ async def test_a_lora_session_is_never_batched_with_a_plain_one(servers, tmp_pat
             await s.close()
     torch.testing.assert_close(got[0], want["lora"][1], atol=1e-5, rtol=0)
     torch.testing.assert_close(got[1], want["plain"][1], atol=1e-5, rtol=0)
+
+
+async def test_gemma4_steps_with_extras_run_as_one_forward(servers, tmp_path):
+    """A Gemma 4 server for blocks [2, 5) (donor 2's K/V, read by block 5, are asked back;
+    donor 3's are read by block 4 inside the span): three sessions' queued steps, each with
+    its per-layer inputs, run as one forward; each gets the output and the donated K/V it
+    gets alone, and a step asking for every block's states runs alone. Chunks of 4 tokens:
+    the 6- and 9-token prompts run in chunks, their named tensors cut to match and the K/V
+    each chunk donates joined in the reply."""
+    model_dir = save_tiny("gemma4_text", tmp_path / "gemma4_text")
+    running = await servers(model_dir, 2, 5, chunk_tokens=4)
+    server, fp = running.server, running.server.backend.fingerprint
+    span = ModelSpan.load(Checkpoint(model_dir), 2, 5)
+    spec = span.extra_spec(2, 5)
+    assert [d for d, _ in spec.donors] == [2]
+    gen = torch.Generator().manual_seed(0)
+    # float reduction order of a 4-row batch against a row alone, on hidden states of |x| ~ 3
+    tol = {"atol": 1e-5, "rtol": 1e-5}
+
+    def extras(rows: int, tokens: int) -> dict[str, torch.Tensor]:
+        return {name: torch.randn(concrete(shape, rows, tokens), generator=gen)
+                for name, shape in spec.inputs}  # fmt: skip
+
+    alone = [span.new_session(batch_size=rows, max_length=32) for rows in ROWS[:3]]
+    async with aiohttp.ClientSession() as http:
+        remote = [await RawSession.open(http, running.url, fp, 2, 5, max_length=32,
+                                        batch_size=rows) for rows in ROWS[:3]]  # fmt: skip
+        for u, (past, rows) in enumerate(zip(PASTS[:3], ROWS[:3], strict=True)):
+            x, named = _hidden(u, rows, past), extras(rows, past)
+            chunks = server.sessions.batcher.sizes.count
+            await remote[u].send_step(x, 0, extras=named, donate=(2,))
+            got = await _reply(remote[u], (2,))
+            assert server.sessions.batcher.sizes.count - chunks == -(-past // 4)
+            out, donated = alone[u].run(0, x, extras=named, donate=(2,))
+            torch.testing.assert_close(got.hidden_states, out, **tol)
+            assert sorted(got.extras) == ["kv.2.k", "kv.2.v"]
+            for name, value in donated.items():
+                torch.testing.assert_close(got.extras[name], value, **tol)
+        sizes = server.sessions.batcher.sizes.count
+        for t in range(2):
+            xs = [_hidden(10 * t + u, rows, 1) for u, rows in enumerate(ROWS[:3])]
+            named = [extras(rows, 1) for rows in ROWS[:3]]
+            gate = threading.Event()
+            server.backend.executor.submit(gate.wait)
+            for u, x in enumerate(xs):
+                await remote[u].send_step(x, PASTS[u] + t, extras=named[u], donate=(2,))
+            await _queued(server, 3)
+            gate.set()
+            for u, x in enumerate(xs):
+                reply = await _reply(remote[u], (2,))
+                out, donated = alone[u].run(PASTS[u] + t, x, extras=named[u], donate=(2,))
+                torch.testing.assert_close(reply.hidden_states, out, **tol)
+                assert sorted(reply.extras) == ["kv.2.k", "kv.2.v"]
+                for name, value in donated.items():
+                    torch.testing.assert_close(reply.extras[name], value, **tol)
+        assert server.sessions.batcher.sizes.count == sizes + 2  # one forward per round
+        x, named = _hidden(50, 1, 1), extras(1, 1)
+        await remote[0].send_step(x, PASTS[0] + 2, extras=named, donate=(2,), block_states=True)
+        reply = await _reply(remote[0], (2,), states=3)
+        want, _ = alone[0].run(PASTS[0] + 2, x, extras=named, donate=(2,))
+        torch.testing.assert_close(reply.hidden_states, want, **tol)
+        assert server.sessions.batcher.sizes.count == sizes + 2  # not through the batcher
+        for s in remote:
+            await s.close()
+
+
+async def _reply(session: RawSession, donate: tuple[int, ...], states: int = 0) -> m.StepResponse:
+    msg = await session.ws.receive()
+    assert msg.type == aiohttp.WSMsgType.BINARY, msg.data
+    return m.decode(m.StepResponse, msg.data, donate=donate, states=states)
