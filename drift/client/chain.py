@@ -7,6 +7,7 @@ so results stay identical. Knows nothing of positions: its owner (InferenceSessi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -18,9 +19,15 @@ from drift.client.handoff import follow_move
 from drift.client.remote import RemoteClient, slice_prompts
 from drift.client.routing import Hop
 from drift.client.step_inputs import Chunk, StepInputs
-from drift.client.transport import SpanSocket, close_all
+from drift.client.transport import OpenRefused, SpanSocket, close_all
 from drift.wire import messages as m
-from drift.wire.errors import CacheFull, DriftError, MissingBlocks, PushRefused
+from drift.wire.errors import (
+    CacheFull,
+    DriftError,
+    MissingBlocks,
+    PeerUnavailable,
+    PushRefused,
+)
 from drift.wire.extras import BLOCK_STATES
 from drift.wire.lora import in_span
 from drift.wire.push import NextHop
@@ -61,14 +68,19 @@ class Chain:
         self.push_off = False  # a push was refused: steps are relayed until a failover
         self.pushed = 0  # span replies that came by server push (not sent by us)
 
-    async def connect(self, start: int, end: int) -> list[SpanState]:
+    async def connect(self, start: int, end: int, *, wait: bool = True,
+                      full: dict[str, CacheFull] | None = None) -> list[SpanState]:  # fmt: skip
         """Open sockets along a fresh route over [start, end), retrying around failures. A
         server with no room for the session (CacheFull: its budget, or this client's share
         of it) is answering, not failing: it is not banned (the client's other sessions keep
         routing to it), only left out of this session's routes; when no server with room is
-        left, that refusal is raised at once, naming the limit."""
+        left, that refusal is raised at once, naming the limit. Each session is opened under
+        an id and push token this client chose (OpenSession.session_id). `wait=False`: the
+        opens are sent and not waited for, so the first step follows at once (its replies
+        read each open's answer first: OpenRefused where one did not open, then `reopen`).
+        `full`: servers that already refused this session for want of room."""
         attempts = 0
-        full: dict[str, CacheFull] = {}  # peer id -> its refusal of this session
+        full = dict(full or {})  # peer id -> its refusal of this session
         while True:
             try:
                 hops = await self.client.route(start, end, inference=True,
@@ -78,11 +90,13 @@ class Chain:
                 if full:  # the servers that would cover the blocks have no room
                     raise list(full.values())[-1] from None
                 raise
-            socks, failed = await self.client.open_sockets(
-                [(hop, self.opener.open_msg(hop)) for hop in hops]
-            )
+            requests = [(hop, _with_ids(self.opener.open_msg(hop))) for hop in hops]
+            socks, failed = await self.client.open_sockets(requests, wait=wait)
             if not failed:
                 return [SpanState(hop, sock) for hop, sock in zip(hops, socks, strict=True)]
+            if not wait:  # a socket broke before its open went out: the long way
+                wait = True
+                continue
             faults: list[tuple[Hop, DriftError]] = []
             for hop, exc in failed:
                 if not isinstance(exc, DriftError):
@@ -300,6 +314,27 @@ class Chain:
                 span.history.append(inputs)
                 shared.update(donated)
 
+    async def confirm(self) -> None:
+        """Every span's open answered (those sent without waiting: `connect(wait=False)`);
+        OpenRefused where one was not."""
+        await asyncio.gather(*(span.socket.opened() for span in self.spans))
+
+    async def reopen(self, refused: OpenRefused) -> None:
+        """After an open sent without waiting was refused (`connect(wait=False)`): close every
+        socket of the chain (no spares made of them), note a server's refusal as `connect`
+        does (one with no room left out of the route, another noted as failing) and connect
+        again, waiting for each answer. A socket that broke or went unanswered is not held
+        against its server here (a spare it had closed looks the same): connecting again
+        finds out."""
+        spans, self.spans = self.spans, []
+        await close_all(span.socket for span in spans)
+        cause, full = refused.__cause__, {}
+        if isinstance(cause, CacheFull):
+            full[refused.hop.peer_id] = cause
+        elif isinstance(cause, DriftError) and not isinstance(cause, PeerUnavailable):
+            self.client.note_failure(cause, refused.hop)
+        self.spans = await self.connect(self.start_block, self.end_block, full=full)
+
     async def idle(self) -> None:
         """The session takes no step for now: every span's server is told (SpanSocket.idle)."""
         await asyncio.gather(*(span.socket.idle() for span in self.spans))
@@ -309,3 +344,9 @@ class Chain:
         (drift.client.spares); this waits for the servers' replies to the close."""
         spans, self.spans = self.spans, []
         await self.client.spares.end(span.socket for span in spans)
+
+
+def _with_ids(request: m.OpenSession) -> m.OpenSession:
+    """`request` under a session id and push token of the client's choosing (fresh, random)."""
+    session_id, push_token = m.new_session_ids()
+    return dataclasses.replace(request, session_id=session_id, push_token=push_token)

@@ -116,13 +116,16 @@ class RemoteClient:
         """Start `coro` without waiting for it (finalizers, from any thread)."""
         self.loop.submit(coro)
 
-    async def open_socket(self, hop: Hop, request: Any) -> transport.SpanSocket:
-        """An inference socket to `hop` with `request`'s session open on it: on the spare
-        socket to that server if one is ready (drift.client.spares), else a fresh one.
+    async def open_socket(self, hop: Hop, request: Any, *,
+                          wait: bool = True) -> transport.SpanSocket:  # fmt: skip
+        """An inference socket to `hop` with `request`'s session open on it (`wait=False`:
+        the open sent, its reply read before the first step's: SpanSocket.begin): on the
+        spare socket to that server if one is ready (drift.client.spares), else a fresh one.
         Closed with the client if still open then."""
-        sock = await self.spares.open(hop, request, self.config)
+        sock = await self.spares.open(hop, request, self.config, wait=wait)
         if sock is None:
-            sock = await transport.SpanSocket.open(self.http, hop, request, self.config)
+            sock = await transport.SpanSocket.open(self.http, hop, request, self.config,
+                                                   wait=wait)  # fmt: skip
         self.sockets.add(sock)
         return sock
 
@@ -134,13 +137,14 @@ class RemoteClient:
                             session_id=sock.session_id)  # fmt: skip
 
     async def open_sockets(
-        self, requests: Sequence[tuple[Hop, Any]]
+        self, requests: Sequence[tuple[Hop, Any]], *, wait: bool = True
     ) -> tuple[list[transport.SpanSocket], list[tuple[Hop, BaseException]]]:
         """Inference sockets to every hop at once (a chain opens in one round trip, not one
         per hop): (the sockets in order, []) or, when any open failed, ([], each failed hop
-        with its error), every socket that did open closed again."""
+        with its error), every socket that did open closed again. `wait`: as open_socket."""
         await self.spares.ended({hop.peer_id for hop, _ in requests})  # their old sessions freed
-        opened = await asyncio.gather(*(self.open_socket(hop, req) for hop, req in requests),
+        opened = await asyncio.gather(*(self.open_socket(hop, req, wait=wait)
+                                        for hop, req in requests),
                                       return_exceptions=True)  # fmt: skip
         socks = [s for s in opened if isinstance(s, transport.SpanSocket)]
         failed = [(hop, e) for (hop, _), e in zip(requests, opened, strict=True)

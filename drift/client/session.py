@@ -13,6 +13,7 @@ them back there, in the caller's dtype. Sync methods wrap the async core."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import torch
 
@@ -21,9 +22,11 @@ from drift.client.extras import Tensors
 from drift.client.remote import RemoteClient
 from drift.client.routing import Hop
 from drift.client.step_inputs import Chunk, StepInputs, fork_history, split_step, to_cpu
-from drift.client.transport import close_all
+from drift.client.transport import OpenRefused, close_all
 from drift.wire import messages as m
 from drift.wire.errors import BadRequest, DriftError, LengthExceeded
+
+log = logging.getLogger(__name__)
 
 
 class InferenceSession:
@@ -158,11 +161,23 @@ class InferenceSession:
         """`step` through every span. Past `prefill_chunk_tokens` tokens it travels in chunks
         (no message outgrows a server's body limit), pipelined: span i+1 computes chunk j
         while span i computes chunk j+1 (`Chain.pipeline`, relayed). A step of one chunk goes
-        `Chain.whole`: relayed span by span, or pushed from server to server. After the
-        session's first step, spare sockets to its servers are made ready for the next
-        session (drift.client.spares), off that step's path."""
-        await self._connect()
-        out = await self._through(step, states)
+        `Chain.whole`: relayed span by span, or pushed from server to server. The session's
+        first step follows its opens at once, without waiting for their answers (one round
+        trip less before the first token); where one did not open, the chain is opened
+        again the long way and the step sent again. After the session's first step, spare
+        sockets to its servers are made ready for the next session (drift.client.spares),
+        off that step's path."""
+        if self.chain.spans:
+            out = await self._through(step, states)
+        else:
+            self.chain.spans = await self.chain.connect(self.start_block, self.end_block,
+                                                        wait=False)  # fmt: skip
+            try:
+                out = await self._through(step, states)
+            except OpenRefused as exc:
+                log.debug("a session did not open (%s): opening again, waiting", exc)
+                await self.chain.reopen(exc)
+                out = await self._through(step, states)
         if not self._spared:
             self._spared = True
             for span in self.chain.spans:
@@ -177,6 +192,7 @@ class InferenceSession:
         if len(parts) == 1:
             return await chain.whole(step, states)
         chunks = [Chunk(c, c.hidden) for c in parts]
+        await chain.confirm()  # a pipeline's failures are spans failing, not opens refused
         if len(chain.spans) > 1:
             await chain.pipeline(chunks, states)
         for chunk in chunks:  # what the pipeline left (all, without one), with failovers

@@ -81,15 +81,17 @@ class Spares:
         """Spares handshaken and waiting."""
         return len(self._ready)
 
-    async def open(self, hop: Hop, request: Any, config: ClientConfig) -> SpanSocket | None:
+    async def open(self, hop: Hop, request: Any, config: ClientConfig, *,
+                   wait: bool = True) -> SpanSocket | None:  # fmt: skip
         """`request`'s session opened on the spare to `hop`'s server; None if there is no
         spare, or the server had closed it (open a fresh socket then). A refusal, or a
-        server that does not answer, rises as from a fresh socket."""
+        server that does not answer, rises as from a fresh socket. `wait=False`: the open
+        only sent (SpanSocket.begin), so a spare the server had closed shows at its reply."""
         ws = await self.take(hop)
         if ws is None:
             return None
         try:
-            return await SpanSocket.begin(hop, ws, request, config)
+            return await SpanSocket.begin(hop, ws, request, config, wait=wait)
         except DriftError as exc:
             closed = isinstance(exc, PeerUnavailable) and not isinstance(
                 exc.__cause__, asyncio.TimeoutError

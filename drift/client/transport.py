@@ -27,11 +27,24 @@ from drift.wire.checks import ACTIVATION_DTYPES
 from drift.wire.errors import DriftError, PeerUnavailable, from_payload
 from drift.wire.extend import ExtendSession, SessionExtended
 from drift.wire.frames import MEDIA_TYPE
-from drift.wire.handoff import raise_if_moved
+from drift.wire.handoff import ResumeSession, raise_if_moved
 from drift.wire.progress import CALL_HEADER, COMPUTE_PATH, ComputeStatus
 from drift.wire.step import StepRequest, StepResponse
 
+Opening = m.OpenSession | ResumeSession  # what starts a socket's session: new, or handed over
 _RETRYABLE_CODES = {"peer_unavailable", "busy", "cache_full", "internal", "unknown_session"}
+
+
+class OpenRefused(Exception):
+    """A session opened without waiting for its reply (`SpanSocket.begin(wait=False)`) did not
+    open on `hop`: refused, or no answer (`__cause__`, a DriftError, says which). Not a
+    DriftError itself: the chain opens again the long way (drift.client.chain.Chain.reopen),
+    which treats the refusal as connecting does (a full server left out, a failing one
+    noted)."""
+
+    def __init__(self, hop: Hop, message: str) -> None:
+        super().__init__(message)
+        self.hop = hop
 
 
 def is_retryable(exc: BaseException) -> bool:
@@ -190,22 +203,28 @@ class SpanSocket:
         self.holds = 0  # tokens its session started with (a fork: OpenSession.fork_tokens)
         self.idles = False  # its server takes `idle` (SessionOpened.idles)
         self.dtype = torch.float32  # what the session computes in (replies are restored to it)
+        self._opening = False  # the open was sent and its reply not read yet (`opened`)
 
     @classmethod
     async def open(
-        cls, http: aiohttp.ClientSession, hop: Hop, request: m.OpenSession, config: ClientConfig,
+        cls, http: aiohttp.ClientSession, hop: Hop, request: Opening, config: ClientConfig,
+        *, wait: bool = True,
     ) -> SpanSocket:  # fmt: skip
-        """A fresh socket to `hop` with `request`'s session open on it."""
-        return await cls.begin(hop, await handshake(http, hop, config), request, config)
+        """A fresh socket to `hop` with `request`'s session open on it (`begin`)."""
+        ws = await handshake(http, hop, config)
+        return await cls.begin(hop, ws, request, config, wait=wait)
 
     @classmethod
     async def begin(
-        cls, hop: Hop, ws: aiohttp.ClientWebSocketResponse, request: m.OpenSession,
-        config: ClientConfig,
+        cls, hop: Hop, ws: aiohttp.ClientWebSocketResponse, request: Opening,
+        config: ClientConfig, *, wait: bool = True,
     ) -> SpanSocket:  # fmt: skip
         """Open `request`'s session on `ws`, a socket to `hop` handshaken with no session yet
         (`handshake`); `ws` is closed if that fails. PeerUnavailable whose cause is not a
-        timeout: the server had closed `ws` (or it broke) before the session opened."""
+        timeout: the server had closed `ws` (or it broke) before the session opened.
+        `wait=False`: only send the open; steps may follow at once (the server takes a
+        socket's messages in order) under the session id and push token the request chose,
+        and the reply is read before the first step's (`opened`)."""
         sock = cls(hop, ws, config)
         sock.dtype = ACTIVATION_DTYPES[request.dtype]
         try:
@@ -213,24 +232,43 @@ class SpanSocket:
                 await ws.send_str(codec.encode_text(request))
             except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
                 raise PeerUnavailable(f"{hop.peer_id}: {exc!r}", peer_id=hop.peer_id) from exc
-            # reserving a cache is quick: a server that does not answer soon is not well
-            msg = await sock._receive(config.connect_timeout_s + config.min_step_timeout_s)
-            if msg.type != aiohttp.WSMsgType.TEXT:
-                raise PeerUnavailable(f"{hop.peer_id}: expected session_opened, got {msg.type}")
-            kind, obj = codec.read_text(msg.data)
-            sock._raise_if_error(kind, obj)
-            opened = m.SessionOpened.from_wire(obj)
-            sock.session_id, sock.push_token = opened.session_id, opened.push_token
-            sock.holds, sock.idles = opened.holds, opened.idles
+            sock._opening = True
+            if isinstance(request, m.OpenSession):  # what it chose, if anything
+                sock.session_id, sock.push_token = request.session_id or "", request.push_token
+            if wait:
+                await sock._read_opened()
         except BaseException:
             await sock.close()
             raise
         return sock
 
+    async def opened(self) -> None:
+        """The reply to an open sent without waiting (`begin(wait=False)`), read now if it was
+        not yet: OpenRefused, with the reason as its cause, if the session did not open."""
+        if self._opening:
+            try:
+                await self._read_opened()
+            except DriftError as exc:
+                raise OpenRefused(self.hop, f"{self.hop.peer_id}: {exc.message}") from exc
+
+    async def _read_opened(self) -> None:
+        # reserving a cache is quick: a server that does not answer soon is not well
+        msg = await self._receive(self.config.connect_timeout_s + self.config.min_step_timeout_s)
+        if msg.type != aiohttp.WSMsgType.TEXT:
+            raise PeerUnavailable(f"{self.hop.peer_id}: expected session_opened, got {msg.type}")
+        kind, obj = codec.read_text(msg.data)
+        self._raise_if_error(kind, obj)
+        opened = m.SessionOpened.from_wire(obj)
+        # a server that predates client-chosen ids says its own
+        self.session_id, self.push_token = opened.session_id, opened.push_token
+        self.holds, self.idles = opened.holds, opened.idles
+        self._opening = False
+
     async def extend(self, max_length: int) -> None:
         """Room for `max_length` tokens in this socket's session, kept in place by the server
         (drift.wire.extend); its refusal rises (LengthExceeded, CacheFull, or BadRequest from
         a server that does not know `extend`). Replies to older steps are skipped."""
+        await self.opened()
         try:
             await self.ws.send_str(codec.encode_text(ExtendSession(max_length)))
         except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
@@ -308,7 +346,9 @@ class SpanSocket:
         """The reply to step `step_id` (older ones, of a push given up on, are skipped); its
         `pushed` / `push_error` say whether the server pushed it on. Past `timeout_s`,
         `patience` (if given) says how much longer to wait: a server busy with other
-        clients' work is not left as failed."""
+        clients' work is not left as failed. A session whose open is still unanswered reads
+        that answer first (`opened`)."""
+        await self.opened()
         timeout = self.config.step_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
         n_states = self.hop.end_block - self.hop.start_block if states else 0

@@ -16,7 +16,6 @@ import asyncio
 import dataclasses
 import functools
 import logging
-import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +31,13 @@ from drift.wire.errors import BadRequest, Busy, LengthExceeded, UnknownAdapter, 
 from drift.wire.extend import SessionExtended
 from drift.wire.extras import token_axis
 from drift.wire.lora import split_lora
-from drift.wire.messages import OpenSession, SessionOpened, StepRequest, StepResponse
+from drift.wire.messages import (
+    OpenSession,
+    SessionOpened,
+    StepRequest,
+    StepResponse,
+    new_session_ids,
+)
 
 log = logging.getLogger(__name__)
 HELD_AFTER_S = 5.0  # a session no step used for this long counts as held, not active
@@ -54,7 +59,7 @@ class Session:
     last_step: int = -1  # never run at once; the newest step id it ran
     # what a step pushed into it must carry (drift.wire.push): issued at open, told only to
     # its client, never logged
-    push_token: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
+    push_token: str = field(default_factory=lambda: new_session_ids()[1], repr=False)
 
     @property
     def n_blocks(self) -> int:
@@ -104,6 +109,9 @@ class SessionManager:
             raise LengthExceeded(
                 f"max_length {req.max_length} exceeds this server's limit of {self.max_length}"
             )
+        if req.session_id is not None and req.session_id in self.sessions:
+            raise BadRequest(f"session id {req.session_id} is in use on this server; open "
+                             "with another (or none: the server chooses)")  # fmt: skip
         source = None if req.fork_of is None else self._fork_source(req, client)
         n_blocks = req.end_block - req.start_block
         need = req.max_length * req.batch_size * n_blocks
@@ -120,8 +128,12 @@ class SessionManager:
         limits = StepLimits(self.backend.hidden_size, req.batch_size, req.max_length,
                             n_blocks, ACTIVATION_DTYPES[req.dtype],
                             self.backend.extra_spec(req.start_block, req.end_block))  # fmt: skip
-        session = Session(secrets.token_hex(8), req, limits, cache, reserved, socket=socket,
-                          client=client)  # fmt: skip
+        # the client's own id and push token where it chose them (it may name them as a
+        # pushed step's next hop before this reply reaches it), else fresh ones
+        session_id, push_token = new_session_ids()
+        session = Session(req.session_id or session_id, req, limits, cache, reserved,
+                          socket=socket, client=client,
+                          push_token=req.push_token or push_token)  # fmt: skip
         self.sessions[session.session_id] = session
         log.debug("opened session %s: %s", session.session_id, req)
         return session, SessionOpened(session.session_id, req.max_length, session.push_token,

@@ -61,6 +61,15 @@ def get_str(params: dict[str, Any], name: str) -> str:
     return value
 
 
+def get_hex(params: dict[str, Any], name: str, length: int) -> str:
+    """A string of exactly `length` lowercase hex digits (an id or secret a client chose)."""
+    value = params.get(name)
+    if (not isinstance(value, str) or len(value) != length
+            or any(ch not in "0123456789abcdef" for ch in value)):  # fmt: skip
+        raise BadRequest(f"field {name!r} must be {length} lowercase hex digits")
+    return value
+
+
 def get_flag(params: dict[str, Any], name: str) -> bool:
     """An optional boolean field (absent: False)."""
     value = params.get(name, False)

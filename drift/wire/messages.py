@@ -8,6 +8,7 @@ Knows nothing about sockets or models.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -241,6 +242,12 @@ class OpenSession:
     # says whether it did (a server that predates forks opens the session empty)
     fork_of: str | None = None
     fork_tokens: int = 0
+    # the session's id and push token, chosen by the client (SESSION_ID_HEX, PUSH_TOKEN_HEX
+    # hex digits), so it can send the first step, naming later spans' sessions as next hops,
+    # before their `session_opened` replies come; None: the server chooses (a server that
+    # predates this ignores them and says its own in SessionOpened)
+    session_id: str | None = None
+    push_token: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_wire(cls, obj: Any) -> OpenSession:
@@ -259,15 +266,30 @@ class OpenSession:
             adapter=c.get_adapter(obj),
             fork_of=c.get_str(obj, "fork_of") if "fork_of" in obj else None,
             fork_tokens=c.get_int(obj, "fork_tokens", low=1) if "fork_of" in obj else 0,
-        )
+            session_id=(c.get_hex(obj, "session_id", SESSION_ID_HEX)
+                        if "session_id" in obj else None),
+            push_token=(c.get_hex(obj, "push_token", PUSH_TOKEN_HEX)
+                        if "push_token" in obj else None),
+        )  # fmt: skip
 
     def to_wire(self) -> dict[str, Any]:
         fork = {} if self.fork_of is None else {"fork_of": self.fork_of,
                                                 "fork_tokens": self.fork_tokens}  # fmt: skip
+        ids = {k: v for k, v in (("session_id", self.session_id),
+                                 ("push_token", self.push_token)) if v is not None}  # fmt: skip
         return f.head("open", model=self.model, start_block=self.start_block,
                      end_block=self.end_block, max_length=self.max_length,
                      batch_size=self.batch_size, dtype=self.dtype,
-                     **adapter_param(self.adapter), **fork)  # fmt: skip
+                     **adapter_param(self.adapter), **fork, **ids)  # fmt: skip
+
+
+SESSION_ID_HEX = 16  # hex digits of a session id (64 random bits)
+PUSH_TOKEN_HEX = 32  # hex digits of a push token (128 random bits)
+
+
+def new_session_ids() -> tuple[str, str]:
+    """A fresh (session id, push token) pair, random, as a server or a client chooses them."""
+    return secrets.token_hex(SESSION_ID_HEX // 2), secrets.token_hex(PUSH_TOKEN_HEX // 2)
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,9 @@ def fresh_opens(monkeypatch) -> list[str]:
     opened: list[str] = []
     original = SpanSocket.open.__func__  # type: ignore[attr-defined]
 
-    async def counted(cls, http, hop, request, config):
+    async def counted(cls, http, hop, request, config, **kwargs):
         opened.append(hop.peer_id)
-        return await original(cls, http, hop, request, config)
+        return await original(cls, http, hop, request, config, **kwargs)
 
     monkeypatch.setattr(SpanSocket, "open", classmethod(counted))
     return opened
@@ -156,9 +156,9 @@ async def test_generate_returns_before_its_close_and_the_next_session_opens_afte
         events.append("closed")
         await close_all(socks)
 
-    async def counted_begin(cls, hop, ws, request, config):
+    async def counted_begin(cls, hop, ws, request, config, **kwargs):
         events.append("open")
-        return await begin(cls, hop, ws, request, config)
+        return await begin(cls, hop, ws, request, config, **kwargs)
 
     monkeypatch.setattr(spares_module, "close_all", slow_close)
     monkeypatch.setattr(SpanSocket, "begin", classmethod(counted_begin))

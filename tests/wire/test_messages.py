@@ -74,6 +74,9 @@ def test_response_round_trip(msg):
     [
         m.OpenSession("fp", 0, 4, 128, 2, "bfloat16"),
         m.OpenSession("fp", 0, 4, 128, 2, "float32", adapter="chat"),
+        m.OpenSession(
+            "fp", 0, 4, 128, 2, "float32", session_id="0123456789abcdef", push_token="f" * 32
+        ),  # fmt: skip
         m.SessionOpened("abc", 128),
         m.SessionOpened("abc", 128, "t" * 32, holds=5, idles=True),
         m.CloseSession(),
@@ -165,6 +168,15 @@ def test_open_bad_forms():
         m.OpenSession.from_wire({**good, "type": "step"})
     with pytest.raises(BadRequest, match="JSON object"):
         m.OpenSession.from_wire([1, 2])
+    # a client's own session id and push token: exactly 16 and 32 lowercase hex digits
+    session_id, push_token = m.new_session_ids()
+    chosen = m.OpenSession.from_wire({**good, "session_id": session_id, "push_token": push_token})
+    assert (chosen.session_id, chosen.push_token) == (session_id, push_token)
+    assert push_token not in repr(chosen)  # a secret: never logged
+    for name, bad in (("session_id", "abc"), ("session_id", "0123456789ABCDEF"),
+                      ("session_id", 12), ("push_token", "g" * 32), ("push_token", "f" * 31)):  # fmt: skip
+        with pytest.raises(BadRequest, match=f"{name}.*hex digits"):
+            m.OpenSession.from_wire({**good, name: bad})
 
 
 def test_plain_json_forms():
