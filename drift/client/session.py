@@ -167,17 +167,15 @@ class InferenceSession:
         again the long way and the step sent again. After the session's first step, spare
         sockets to its servers are made ready for the next session (drift.client.spares),
         off that step's path."""
-        if self.chain.spans:
-            out = await self._through(step, states)
-        else:
+        if not self.chain.spans:
             self.chain.spans = await self.chain.connect(self.start_block, self.end_block,
                                                         wait=False)  # fmt: skip
-            try:
-                out = await self._through(step, states)
-            except OpenRefused as exc:
-                log.debug("a session did not open (%s): opening again, waiting", exc)
-                await self.chain.reopen(exc)
-                out = await self._through(step, states)
+        try:
+            out = await self._through(step, states)
+        except OpenRefused as exc:  # only before a first step went through every span
+            log.debug("a session did not open (%s): opening again, waiting", exc)
+            await self.chain.reopen(exc)
+            out = await self._through(step, states)
         if not self._spared:
             self._spared = True
             for span in self.chain.spans:
