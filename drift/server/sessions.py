@@ -237,11 +237,12 @@ class SessionManager:
                     continue
                 outs.append(await self.backend.run_chunk(
                     functools.partial(self._step_tokens, session, req, pos, stop)))  # fmt: skip
+                donated.append({})  # such a step names no tensors (those run as one unit)
         finally:
             session.busy = False
             session.last_used = time.monotonic()
         if len(outs) == 1:
-            return StepResponse(req.step_id, outs[0], donated[0] if donated else {})
+            return StepResponse(req.step_id, outs[0], donated[0])
         return StepResponse(req.step_id, torch.cat(outs, dim=1), _joined(donated))
 
     def _step(self, session: Session, req: StepRequest) -> StepResponse:

@@ -145,6 +145,30 @@ async def test_a_lora_session_is_never_batched_with_a_plain_one(servers, tmp_pat
     torch.testing.assert_close(got[1], want["plain"][1], atol=1e-5, rtol=0)
 
 
+async def test_a_long_step_of_a_session_running_alone_goes_in_chunks(servers, tmp_path):
+    """A session with LoRA weights runs alone (never batched); its 9-token step on a server
+    of 4-token chunks runs as 3 chunks and equals the step run whole in-process."""
+    model_dir = save_tiny("llama", tmp_path / "llama")
+    running = await servers(model_dir, 0, 2, chunk_tokens=4)
+    server, fp = running.server, running.server.backend.fingerprint
+    gen = torch.Generator().manual_seed(1)
+    lora = {lora_name(b, "self_attn.q_proj", ab): torch.randn(*shape, generator=gen) * 0.3
+            for b in (0, 1) for ab, shape in (("A", (2, 64)), ("B", (64, 2)))}  # fmt: skip
+    x, y = _hidden(5, 1, 9), _hidden(6, 1, 1)
+    span = ModelSpan.load(Checkpoint(model_dir), 0, 2)
+    with span.serving(lora):
+        alone = span.new_session(batch_size=1, max_length=16)
+        want = [alone.step(x), alone.step(y)]
+    async with aiohttp.ClientSession() as http:
+        remote = await RawSession.open(http, running.url, fp, 0, 2, max_length=16)
+        chunks = server.backend.chunks_run
+        torch.testing.assert_close(await remote.step(x, 0, extras=lora), want[0],
+                                   atol=1e-5, rtol=0)  # fmt: skip
+        assert server.backend.chunks_run - chunks == 3
+        torch.testing.assert_close(await remote.step(y, 9), want[1], atol=1e-5, rtol=0)
+        await remote.close()
+
+
 async def test_gemma4_steps_with_extras_run_as_one_forward(servers, tmp_path):
     """A Gemma 4 server for blocks [2, 5) (donor 2's K/V, read by block 5, are asked back;
     donor 3's are read by block 4 inside the span): three sessions' queued steps, each with
