@@ -16,6 +16,7 @@ from drift.client import ClientConfig
 from drift.client.transport import SpanSocket
 from drift.wire.errors import CacheFull
 from tests.client.push_helpers import SPANS, wait_all_know_each_other
+from tests.client.refusals import refuse_first_open
 from tests.server.reference import load_reference
 
 IDS = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
@@ -54,30 +55,13 @@ async def test_the_first_step_follows_the_opens_at_once(tiny_dirs, swarms, sdk_m
     out = await asyncio.to_thread(model.generate, IDS, max_new_tokens=1, do_sample=False)
     assert torch.equal(out, ref[:, : IDS.shape[1] + 1])
     assert sent == [(first, True)]  # one send: the servers pushed it on
-    opened = [sid for s in swarm.servers for sid in s.server.sessions.sessions]
-    assert not opened or all(len(sid) == 16 for sid in opened)
 
 
 async def test_a_server_without_room_is_left_out_not_banned(tiny_dirs, swarm_model):
     model_dir = tiny_dirs("llama")
     local = load_reference(model_dir)
     swarm, model = await swarm_model(model_dir, [(0, 2), (2, 4), (2, 4)])
-    full: list[str] = []
-    opened: dict[str, int] = {}
-    for s in swarm.servers:
-        sessions, peer = s.server.sessions, s.node.peer_id
-        open_session = sessions.open
-
-        async def counted(
-            *args, _open=open_session, _peer=peer, _start=s.server.backend.start_block, **kwargs
-        ):
-            if _start == 2 and not full:  # the first [2, 4) server asked has no room, once
-                full.append(_peer)
-                raise CacheFull("no room for this test")
-            opened[_peer] = opened.get(_peer, 0) + 1
-            return await _open(*args, **kwargs)
-
-        sessions.open = counted
+    full, opened = refuse_first_open(swarm, 2, CacheFull("no room for this test"))
     bans: list[str] = []
     ban = model.client.bans.ban
     model.client.bans.ban = lambda peer, **kw: bans.append(peer) or ban(peer, **kw)

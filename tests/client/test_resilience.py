@@ -7,6 +7,7 @@ import asyncio
 import torch
 
 from drift.client import ClientConfig
+from tests.client.refusals import refuse_first_open
 from tests.server.reference import load_reference
 
 
@@ -97,22 +98,7 @@ async def test_a_chain_whose_open_fails_on_one_hop_closes_the_others_and_routes_
     ids = torch.tensor([[2, 7, 1, 8, 2, 8]])
     ref = local.generate(ids, max_new_tokens=6, do_sample=False)
     swarm, model = await swarm_model(model_dir, [(0, 2), (2, 4), (2, 4)])
-    refused: list[str] = []
-    opened: dict[str, int] = {}
-    for s in swarm.servers:
-        sessions, peer = s.server.sessions, s.node.peer_id
-        open_session = sessions.open
-
-        async def counted(
-            *args, _open=open_session, _peer=peer, _start=s.server.backend.start_block, **kwargs
-        ):
-            if _start == 2 and not refused:  # the first [2, 4) server asked refuses, once
-                refused.append(_peer)
-                raise Busy("busy for this test")
-            opened[_peer] = opened.get(_peer, 0) + 1
-            return await _open(*args, **kwargs)
-
-        sessions.open = counted
+    refused, opened = refuse_first_open(swarm, 2, Busy("busy for this test"))
     out = await asyncio.to_thread(model.generate, ids, max_new_tokens=6, do_sample=False)
     assert torch.equal(out, ref)
     (busy,) = refused
