@@ -1,6 +1,6 @@
 """Decode tokens/s of the swarm against local transformers generate() on the same model.
 
-SmolLM2 served by 2 and 3 `drift server` processes on 127.0.0.1 (each one compute thread);
+SmolLM2 served by 2 and 3 `drift server` processes on 127.0.0.1 (threads: below);
 greedy decoding of `--new` tokens; local, 2-server and 3-server runs interleaved `--reps`
 times; prints medians, the ratio swarm/local (Petals 2.2 gets 0.41x) and where a swarm token's
 time goes: client head (embed + logits), each hop's reply wait (relayed: its round trip;
@@ -11,8 +11,8 @@ client glue).
 Threads: by default none are set anywhere (`--threads default`: local transformers, the
 client and every `drift server` use torch's own default, as users run them), unless this
 shell sets OMP_NUM_THREADS, which then applies to every process; `--threads N` gives every
-process N compute threads (decoding is a pipeline, so one process computes at a time). Time to first token: one generate() of a single
-new token, per rep, local and swarm.
+process N compute threads (decoding is a pipeline, so one process computes at a time).
+Time to first token: one generate() of a single new token, per rep, local and swarm.
 
     .venv/bin/python scripts/bench_client.py --new 32 --reps 5
 """

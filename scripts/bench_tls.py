@@ -24,9 +24,10 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from drift.client.calls import forward  # noqa: E402
 from drift.client.config import ClientConfig  # noqa: E402
 from drift.client.routing import Hop  # noqa: E402
-from drift.client.transport import SpanSocket, forward  # noqa: E402
+from drift.client.transport import SpanSocket  # noqa: E402
 from drift.wire import messages as m  # noqa: E402
 from scripts.bench_server import SMOLLM2_CONFIG  # noqa: E402
 from tests.server.harness import RunningServer, start_block_server  # noqa: E402

@@ -16,6 +16,7 @@ from typing import TypeVar
 
 import aiohttp
 
+import drift.client.calls as calls
 import drift.client.transport as transport
 from drift.client.config import ClientConfig
 from drift.client.latency import StepTimeouts
@@ -34,7 +35,7 @@ def patience_for(http: aiohttp.ClientSession, config: ClientConfig, timeouts: St
 
     async def more() -> float:
         try:
-            status = await transport.compute_status(http, hop, config, session_id=session_id,
+            status = await calls.compute_status(http, hop, config, session_id=session_id,
                                                     call_id=call_id)  # fmt: skip
         except DriftError as exc:  # unreachable, or a server without /compute
             log.debug("%s did not say whether it is busy: %s", hop.peer_id, exc)

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import aiohttp
 import torch
 
+import drift.client.calls as calls
 import drift.client.transport as transport
 from drift.client.bans import BanList
 from drift.client.config import ClientConfig
@@ -207,7 +208,7 @@ class RemoteClient:
 
     def note_failure(self, exc: BaseException, hop: Hop) -> None:
         """Ban the peer if the error is its fault; re-raise if no retry can help."""
-        if not transport.is_retryable(exc):
+        if not calls.is_retryable(exc):
             raise exc
         seconds = self.bans.ban(hop.peer_id, unreachable=refused(exc))
         log.info("server %s failed on blocks [%d, %d) (%s): not routed to for %.1f s",
@@ -268,7 +269,7 @@ class RemoteClient:
                 donate = self.sharing.donated(hop.start_block, hop.end_block, stop)
                 try:
                     reply = await self._timed(hop, "forward", hidden, functools.partial(
-                        transport.forward, self.http, hop, self.model_fingerprint, hidden, self.config,
+                        calls.forward, self.http, hop, self.model_fingerprint, hidden, self.config,
                         attention_mask=attention_mask, prompts=slice_prompts(prompts, start, hop),
                         extras=extras, donate=donate, states=states, adapter=self.adapter,
                     ))  # fmt: skip
@@ -320,7 +321,7 @@ class RemoteClient:
         while True:
             try:
                 reply = await self._timed(hop, "backward", step.hidden, functools.partial(
-                    transport.backward, self.http, hop, self.model_fingerprint, step.hidden, grad, self.config,
+                    calls.backward, self.http, hop, self.model_fingerprint, step.hidden, grad, self.config,
                     attention_mask=mask, prompts=sub_prompts, extras=step.extras,
                     grad_extras=grad_out, adapter=self.adapter,
                 ))  # fmt: skip

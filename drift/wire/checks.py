@@ -42,6 +42,17 @@ def check_version(params: dict[str, Any]) -> None:
         )
 
 
+def typed_object(obj: Any, kind: str, *, versioned: bool = True) -> dict[str, Any]:
+    """`obj` as a JSON message of type `kind` (its `"type"`), of this protocol's major
+    version where `versioned` (an error, from any peer, is read whatever its version)."""
+    if not isinstance(obj, dict) or obj.get("type") != kind:
+        got = obj.get("type") if isinstance(obj, dict) else type(obj).__name__
+        raise BadRequest(f"expected a message of type {kind!r}, got {got!r}")
+    if versioned:
+        check_version(obj)
+    return obj
+
+
 def get_int(params: dict[str, Any], name: str, *, low: int = 0, high: int | None = None) -> int:
     if name not in params:
         raise BadRequest(f"missing field {name!r}")

@@ -14,19 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from drift.wire import checks as c
-from drift.wire.errors import BadRequest
 from drift.wire.version import PROTOCOL_VERSION
 
 EXTEND = "extend"
 EXTENDED = "session_extended"
-
-
-def _typed(obj: Any, kind: str) -> dict[str, Any]:
-    if not isinstance(obj, dict) or obj.get("type") != kind:
-        got = obj.get("type") if isinstance(obj, dict) else type(obj).__name__
-        raise BadRequest(f"expected a message of type {kind!r}, got {got!r}")
-    c.check_version(obj)
-    return obj
 
 
 @dataclass(frozen=True)
@@ -37,7 +28,7 @@ class ExtendSession:
 
     @classmethod
     def from_wire(cls, obj: Any) -> ExtendSession:
-        return cls(c.get_int(_typed(obj, EXTEND), "max_length", low=1))
+        return cls(c.get_int(c.typed_object(obj, EXTEND), "max_length", low=1))
 
     def to_wire(self) -> dict[str, Any]:
         return {"type": EXTEND, "version": PROTOCOL_VERSION, "max_length": self.max_length}
@@ -52,7 +43,7 @@ class SessionExtended:
 
     @classmethod
     def from_wire(cls, obj: Any) -> SessionExtended:
-        obj = _typed(obj, EXTENDED)
+        obj = c.typed_object(obj, EXTENDED)
         return cls(c.get_str(obj, "session_id"), c.get_int(obj, "max_length", low=1))
 
     def to_wire(self) -> dict[str, Any]:

@@ -38,14 +38,6 @@ class SessionMovedError(DriftError):
     status = 409
 
 
-def _typed(obj: Any, kind: str) -> dict[str, Any]:
-    if not isinstance(obj, dict) or obj.get("type") != kind:
-        got = obj.get("type") if isinstance(obj, dict) else type(obj).__name__
-        raise BadRequest(f"expected a message of type {kind!r}, got {got!r}")
-    c.check_version(obj)
-    return obj
-
-
 def _addr(obj: dict[str, Any], name: str) -> str:
     value = c.get_str(obj, name)
     problem = addr_problem(value)
@@ -110,7 +102,7 @@ class HandoffOffer:
 
     @classmethod
     def from_wire(cls, obj: Any) -> HandoffOffer:
-        obj = _typed(obj, OFFER)
+        obj = c.typed_object(obj, OFFER)
         start, end = c.get_span(obj)
         batch = c.get_int(obj, "batch_size", low=1)
         max_length = c.get_int(obj, "max_length", low=1)
@@ -166,7 +158,7 @@ class HandoffPiece:
     @classmethod
     def from_wire(cls, params: dict[str, Any], tensors: dict[str, Any],
                   offer: HandoffOffer) -> HandoffPiece:  # fmt: skip
-        _typed(params, PIECE)
+        c.typed_object(params, PIECE)
         index = c.get_int(params, "index", high=offer.pieces - 1)
         block, t0 = c.get_int(params, "block"), c.get_int(params, "t0")
         layer = next((x for x in offer.layers if x.block == block), None)
@@ -208,7 +200,7 @@ class HandoffAccepted:
 
     @classmethod
     def from_wire(cls, obj: Any) -> HandoffAccepted:
-        obj = _typed(obj, ACCEPTED)
+        obj = c.typed_object(obj, ACCEPTED)
         return cls(c.get_str(obj, "session_id"), c.get_str(obj, "token"))
 
     def to_wire(self) -> dict[str, Any]:
@@ -228,7 +220,7 @@ class SessionMoved:
 
     @classmethod
     def from_wire(cls, obj: Any) -> SessionMoved:
-        obj = _typed(obj, MOVED)
+        obj = c.typed_object(obj, MOVED)
         step = obj.get("step_id")
         return cls(_addr(obj, "addr"), c.get_str(obj, "peer_id"), c.get_str(obj, "session_id"),
                    c.get_str(obj, "token"),
@@ -263,7 +255,7 @@ class ResumeSession:
 
     @classmethod
     def from_wire(cls, obj: Any) -> ResumeSession:
-        obj = _typed(obj, RESUME)
+        obj = c.typed_object(obj, RESUME)
         return cls(c.get_str(obj, "session_id"), c.get_str(obj, "token"))
 
     def to_wire(self) -> dict[str, Any]:

@@ -251,7 +251,7 @@ class OpenSession:
 
     @classmethod
     def from_wire(cls, obj: Any) -> OpenSession:
-        obj = _typed_object(obj, "open")
+        obj = c.typed_object(obj, "open")
         start, end = c.get_span(obj)
         dtype = c.get_str(obj, "dtype")
         if dtype not in c.ACTIVATION_DTYPES:
@@ -305,7 +305,7 @@ class SessionOpened:
 
     @classmethod
     def from_wire(cls, obj: Any) -> SessionOpened:
-        obj = _typed_object(obj, "session_opened")
+        obj = c.typed_object(obj, "session_opened")
         token = c.get_str(obj, "push_token") if "push_token" in obj else None
         holds = c.get_int(obj, "holds") if "holds" in obj else 0
         idles = c.get_flag(obj, "idles")
@@ -329,7 +329,7 @@ class CloseSession:
 
     @classmethod
     def from_wire(cls, obj: Any) -> CloseSession:
-        _typed_object(obj, "close")
+        c.typed_object(obj, "close")
         return cls()
 
     def to_wire(self) -> dict[str, Any]:
@@ -344,7 +344,7 @@ class IdleSession:
 
     @classmethod
     def from_wire(cls, obj: Any) -> IdleSession:
-        _typed_object(obj, "idle")
+        c.typed_object(obj, "idle")
         return cls()
 
     def to_wire(self) -> dict[str, Any]:
@@ -361,7 +361,7 @@ class ErrorMessage:
 
     @classmethod
     def from_wire(cls, obj: Any) -> ErrorMessage:
-        obj = _typed_object(obj, "error", check_version=False)
+        obj = c.typed_object(obj, "error", versioned=False)
         step_id = obj.get("step_id")
         if step_id is not None:
             step_id = c.get_int(obj, "step_id")
@@ -373,16 +373,6 @@ class ErrorMessage:
         if self.step_id is not None:
             out["step_id"] = self.step_id
         return out
-
-
-def _typed_object(obj: Any, kind: str, *, check_version: bool = True) -> dict[str, Any]:
-    if not isinstance(obj, dict):
-        raise BadRequest(f"expected a JSON object of type {kind!r}")
-    if obj.get("type") != kind:
-        raise BadRequest(f"expected a message of type {kind!r}, got {obj.get('type')!r}")
-    if check_version:
-        c.check_version(obj)
-    return obj
 
 
 def _json_parts(

@@ -48,10 +48,7 @@ class ComputeStatus:
 
     @classmethod
     def from_wire(cls, obj: Any) -> ComputeStatus:
-        if not isinstance(obj, dict) or obj.get("type") != STATUS:
-            got = obj.get("type") if isinstance(obj, dict) else type(obj).__name__
-            raise BadRequest(f"expected a message of type {STATUS!r}, got {got!r}")
-        c.check_version(obj)
+        obj = c.typed_object(obj, STATUS)
         running = _seconds(obj, "running_s")
         assert running is not None
         return cls(running, c.get_int(obj, "waiting"), _seconds(obj, "unit_s", optional=True),

@@ -54,7 +54,7 @@ async def test_private_swarm_without_or_with_wrong_key_is_refused_clearly(
 
 def test_no_bearer_token_is_sent():
     """The key itself never leaves the client: only an HMAC proof."""
-    from drift.client.transport import auth_headers
+    from drift.wire.auth import auth_headers
 
     headers = auth_headers(KEY, "POST", "/forward", b"body", peer_id="12D3KooWx")
     assert set(headers) == {AUTH_HEADER} and KEY not in headers[AUTH_HEADER]

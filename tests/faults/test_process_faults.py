@@ -26,7 +26,7 @@ import torch
 from transformers import AutoModelForCausalLM, LogitsProcessorList
 
 from drift.client import AutoDistributedModelForCausalLM, ClientConfig
-from drift.client import transport as client_transport
+from drift.client import calls as client_calls
 from drift.swarm.reader import read_swarm_blocking
 from drift.wire.errors import MissingBlocks
 from tests.client.faults import AtStep
@@ -203,13 +203,13 @@ class Recorder:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls: list[tuple[str, str, int]] = []  # (route, peer id, start block)
         for name in ("forward", "backward"):
-            original = getattr(client_transport, name)
+            original = getattr(client_calls, name)
 
             async def traced(http, hop, *args, _original=original, _name=name, **kwargs):
                 self.calls.append((_name, hop.peer_id, hop.start_block))
                 return await _original(http, hop, *args, **kwargs)
 
-            monkeypatch.setattr(client_transport, name, traced)
+            monkeypatch.setattr(client_calls, name, traced)
 
     def wait(self, route: str, start: int, after: int, timeout: float = 30) -> str:
         deadline = time.monotonic() + timeout

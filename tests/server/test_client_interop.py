@@ -1,4 +1,4 @@
-"""The client SDK's transport (drift.client.transport) against a real server: same results."""
+"""The client SDK's transport and calls (drift.client) against a real server: same results."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import aiohttp
 import orjson
 import torch
 
+from drift.client.calls import forward
 from drift.client.config import ClientConfig
 from drift.client.routing import Hop
-from drift.client.transport import SpanSocket, forward
+from drift.client.transport import SpanSocket
 from drift.wire import messages as m
 from drift.wire.errors import LengthExceeded
 
@@ -43,7 +44,7 @@ async def test_compute_status_says_whether_a_session_has_a_step_here(servers, ti
     import asyncio
     import threading
 
-    from drift.client.transport import compute_status
+    from drift.client.calls import compute_status
     from drift.wire.errors import DriftError
 
     key = "compute-status-test-key"

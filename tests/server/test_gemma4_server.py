@@ -8,9 +8,10 @@ import aiohttp
 import pytest
 import torch
 
+from drift.client.calls import forward
 from drift.client.config import ClientConfig
 from drift.client.routing import Hop
-from drift.client.transport import SpanSocket, forward
+from drift.client.transport import SpanSocket
 from drift.models.checkpoint import Checkpoint
 from drift.models.span import ModelSpan
 from drift.server.throughput import measure_throughput

@@ -166,7 +166,7 @@ def test_open_bad_forms():
         m.OpenSession.from_wire({**good, "batch_size": 0})
     with pytest.raises(BadRequest, match="type 'open'"):
         m.OpenSession.from_wire({**good, "type": "step"})
-    with pytest.raises(BadRequest, match="JSON object"):
+    with pytest.raises(BadRequest, match="type 'open', got 'list'"):
         m.OpenSession.from_wire([1, 2])
     # a client's own session id and push token: exactly 16 and 32 lowercase hex digits
     session_id, push_token = m.new_session_ids()
