@@ -10,7 +10,8 @@ the rest of the prompt is its next step, or None. `lend(prompts)` hands out, for
 the held session sharing the longest prefix with every one of `prompts` (at least
 `min_tokens`), to be `put` back unchanged: the requests' sessions are forked from it
 (drift.client's InferenceSession.fork), and it stays for its own conversation's next
-turn. `put` keeps a session whose generation ended cleanly; `release_oldest` gives a held
+turn. `put` keeps a session whose generation ended cleanly; `release_oldest` (or, awaited
+on the client's loop by a session that opens with its first step, `make_room`) gives a held
 session's room back when a server has none for a new one.
 Thread-safe (generations run on executor threads). Knows nothing of HTTP.
 """
@@ -120,13 +121,27 @@ class SessionPool:
     def release_oldest(self) -> bool:
         """Close the least recently used held session and wait until its servers have freed
         its cache (room for a session a server refused); False when none is held."""
-        with self._lock:
-            if not self._held:
-                return False
-            held = self._held.popitem(last=False)[1]
-            self.released += 1
+        held = self._oldest()
+        if held is None:
+            return False
         held.session.close(wait=True)
         return True
+
+    async def make_room(self) -> bool:
+        """`release_oldest` on the client's loop (InferenceSession's `make_room`)."""
+        held = self._oldest()
+        if held is None:
+            return False
+        await held.session.aclose()
+        return True
+
+    def _oldest(self) -> _Held | None:
+        """The least recently used held session, out of the pool (counted as released)."""
+        with self._lock:
+            if not self._held:
+                return None
+            self.released += 1
+            return self._held.popitem(last=False)[1]
 
     def close(self) -> None:
         with self._lock:

@@ -14,8 +14,11 @@ forked from it: its servers copy those tokens' caches (into every row), only the
 each prompt is sent, and the held session stays for its own conversation. A group whose
 prompts share a long prefix that no session holds yet has it computed once, in a one-row
 session then held, and is forked from that. (Sessions of an adapter are not pooled.) To the
-servers the API is one client: when one has no room for a new session, the pool's idle
-sessions are closed, oldest first, until it has.
+servers the API is one client: when no server has room for a new session, the pool's idle
+sessions are closed, oldest first, until one has (SessionPool.make_room), and where the
+headroom does not fit (a server's length limit, or still no room) the session opens
+without it. New sessions open with their first step (drift.client's InferenceSession:
+its opens are not waited for, one round trip less before the first token).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from drift.api.engine import CausalLMEngine, OpenedSessions, ServedSpan
 from drift.api.prefix import SessionPool, common_prefix
 from drift.client.routing import missing_blocks
 from drift.models.registry import get_adapter
-from drift.wire.errors import CacheFull, DriftError, LengthExceeded
+from drift.wire.errors import CacheFull, DriftError
 
 FORK_MIN_SAVED = 64  # prompt tokens a group's shared prefix must save to be computed apart
 
@@ -40,19 +43,16 @@ def swarm_engine(model: Any, tokenizer: Any, *, model_id: str, pool: SessionPool
     """An engine over a `DistributedModelForCausalLM` (from drift.client); with `pool`,
     one-row generations continue held sessions sharing their prompt's prefix."""
 
-    def open_new(**kwargs: Any) -> Any:
-        """model.open_session; where a server has no room for it (its KV budget, or this
+    def open_new(max_length: int, batch_size: int, *, headroom: int = 0,
+                 adapter: str | None = None) -> Any:  # fmt: skip
+        """model.open_session, `headroom` tokens longer where the servers take them; it
+        opens with its first step. Where no server has room for it (its KV budget, or this
         API's share of it as one client), the API's own idle held sessions give theirs back
         first, least recently used first, before the refusal reaches the request."""
-        while True:
-            session = model.open_session(**kwargs)
-            try:
-                session.connect()
-                return session
-            except CacheFull:
-                session.close()
-                if pool is None or not pool.release_oldest():
-                    raise
+        return model.open_session(
+            max_length=max_length + headroom, batch_size=batch_size, active_adapter=adapter,
+            headroom=headroom, make_room=None if pool is None else pool.make_room,
+        )  # fmt: skip
 
     def forked(max_length: int, prompts: Sequence[Sequence[int]]) -> Any | None:
         """A session for the rows forked from a held one sharing their prompts' prefix
@@ -93,10 +93,7 @@ def swarm_engine(model: Any, tokenizer: Any, *, model_id: str, pool: SessionPool
                      min(len(p) for p in prompts) - 1)  # fmt: skip
         if shared < pool.min_tokens or (len(prompts) - 1) * shared < FORK_MIN_SAVED:
             return False
-        try:
-            session = open_new(max_length=shared + headroom_tokens, batch_size=1)
-        except DriftError:
-            return False
+        session = open_new(shared, 1, headroom=headroom_tokens)
         try:
             ids = torch.tensor([list(prompts[0][:shared])], dtype=torch.long)
             model.model(ids, cache=model.cache_for(session), use_cache=True)
@@ -109,10 +106,10 @@ def swarm_engine(model: Any, tokenizer: Any, *, model_id: str, pool: SessionPool
     def open_session(max_length: int, batch_size: int, adapter: str | None,
                      prompts: Sequence[Sequence[int]] | None) -> Any:  # fmt: skip
         if pool is None or prompts is None or adapter is not None:
-            return open_new(max_length=max_length, batch_size=batch_size, active_adapter=adapter)
+            return open_new(max_length, batch_size, adapter=adapter)
         if len(prompts) > 1:
             session = forked(max_length, prompts)
-            return session or open_new(max_length=max_length, batch_size=batch_size)
+            return session or open_new(max_length, batch_size)
         held = pool.take(prompts[0], max_length)  # the next turn of its conversation
         if held is not None:
             return held
@@ -120,10 +117,7 @@ def swarm_engine(model: Any, tokenizer: Any, *, model_id: str, pool: SessionPool
         session = forked(max_length + headroom_tokens, prompts)  # a system prompt, say
         if session is not None:
             return session
-        try:
-            return open_new(max_length=max_length + headroom_tokens, batch_size=1)
-        except (LengthExceeded, CacheFull):  # no room for the headroom: what was asked
-            return open_new(max_length=max_length, batch_size=1)
+        return open_new(max_length, 1, headroom=headroom_tokens)
 
     @contextlib.contextmanager
     def sessions(max_length: int, batch_size: int, adapter: str | None = None,

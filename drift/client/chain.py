@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -24,6 +25,7 @@ from drift.wire import messages as m
 from drift.wire.errors import (
     CacheFull,
     DriftError,
+    LengthExceeded,
     MissingBlocks,
     PeerUnavailable,
     PushRefused,
@@ -42,6 +44,11 @@ class SpanState:
     lora_sent: bool = False  # the session's LoRA weights went with a step on this socket
 
 
+# where no server covering a span has room: frees some (its owner's idle sessions closed)
+# and says whether it did
+MakeRoom = Callable[[], Awaitable[bool]]
+
+
 class Opener(Protocol):
     """What a span's session is opened with (the chain's owner: it may change them)."""
 
@@ -49,8 +56,14 @@ class Opener(Protocol):
     max_length: int
     batch_size: int
     dtype_name: str  # what steps travel in
+    make_room: MakeRoom | None
 
     def open_msg(self, hop: Hop) -> m.OpenSession: ...
+
+    def drop_headroom(self) -> bool:
+        """Open shorter from now on (a server refused the length); whether it had room to
+        give up."""
+        ...
 
 
 class Chain:
@@ -74,7 +87,10 @@ class Chain:
         server with no room for the session (CacheFull: its budget, or this client's share
         of it) is answering, not failing: it is not banned (the client's other sessions keep
         routing to it), only left out of this session's routes; when no server with room is
-        left, that refusal is raised at once, naming the limit. Each session is opened under
+        left, the owner may make room (`make_room`: its idle sessions closed) or give up its
+        headroom (`drop_headroom`, also where a server refuses the length: LengthExceeded),
+        and the route is tried again; else that refusal is raised, naming the limit. Each
+        session is opened under
         an id and push token this client chose (OpenSession.session_id). `wait=False`: the
         opens are sent and not waited for, so the first step follows at once (its replies
         read each open's answer first: OpenRefused where one did not open, then `reopen`).
@@ -87,9 +103,12 @@ class Chain:
                                                adapter=self.opener.adapter, avoid=full.keys(),
                                                tokens_needed=self.opener.max_length * self.opener.batch_size)  # fmt: skip
             except MissingBlocks:
-                if full:  # the servers that would cover the blocks have no room
-                    raise list(full.values())[-1] from None
-                raise
+                if not full:
+                    raise
+                if await self._more_room():  # the servers covering the blocks had none
+                    full.clear()
+                    continue
+                raise list(full.values())[-1] from None
             requests = [(hop, _with_ids(self.opener.open_msg(hop))) for hop in hops]
             socks, failed = await self.client.open_sockets(requests, wait=wait)
             if not failed:
@@ -97,6 +116,9 @@ class Chain:
             if not wait:  # a socket broke before its open went out: the long way
                 wait = True
                 continue
+            if (any(isinstance(exc, LengthExceeded) for _, exc in failed)
+                    and self.opener.drop_headroom()):  # fmt: skip
+                continue  # past a server's limit: opened shorter
             faults: list[tuple[Hop, DriftError]] = []
             for hop, exc in failed:
                 if not isinstance(exc, DriftError):
@@ -109,6 +131,14 @@ class Chain:
                 self.client.note_failure(exc, hop)
             if faults:
                 attempts = self.client.count_failure(faults[0][1], faults[0][0], attempts)
+
+    async def _more_room(self) -> bool:
+        """Every server that would take a span is full: room its owner made (`make_room`),
+        else its headroom given up; whether either happened."""
+        make_room = self.opener.make_room
+        if make_room is not None and await make_room():
+            return True
+        return self.opener.drop_headroom()
 
     async def advance(self, chunk: Chunk, states: bool, awaited: dict[int, int] | None = None,
                       started: float = 0.0) -> bool:  # fmt: skip
@@ -322,7 +352,8 @@ class Chain:
     async def reopen(self, refused: OpenRefused) -> None:
         """After an open sent without waiting was refused (`connect(wait=False)`): close every
         socket of the chain (no spares made of them), note a server's refusal as `connect`
-        does (one with no room left out of the route, another noted as failing) and connect
+        does (one with no room left out of the route, a length past its limit opened without
+        the owner's headroom, another noted as failing) and connect
         again, waiting for each answer. A socket that broke or went unanswered is not held
         against its server here (a spare it had closed looks the same): connecting again
         finds out."""
@@ -331,6 +362,8 @@ class Chain:
         cause, full = refused.__cause__, {}
         if isinstance(cause, CacheFull):
             full[refused.hop.peer_id] = cause
+        elif isinstance(cause, LengthExceeded) and self.opener.drop_headroom():
+            pass  # past that server's limit: opened shorter below
         elif isinstance(cause, DriftError) and not isinstance(cause, PeerUnavailable):
             self.client.note_failure(cause, refused.hop)
         self.spans = await self.connect(self.start_block, self.end_block, full=full)

@@ -29,6 +29,7 @@ from transformers.utils.deprecation import deprecate_kwarg
 
 from drift.client.backbone import DistributedBaseModel, ThreadCalls
 from drift.client.cache import RemoteCache
+from drift.client.chain import MakeRoom
 from drift.client.loading import load_parts, open_client_model
 from drift.client.lora import ClientLora, client_lora
 from drift.client.pretrained_args import apply_overrides, check_config, drop_ignored
@@ -214,12 +215,17 @@ class DistributedPreTrainedModel(PreTrainedModel):
                 self._caches.pop(id(session), None)
 
     def open_session(self, *, max_length: int, batch_size: int = 1,
-                     active_adapter: str | None = None) -> InferenceSession:  # fmt: skip
-        """A new remote session over all blocks; the caller closes it (or uses `with`).
-        `active_adapter`: a served LoRA adapter for this session (default: the model's)."""
+                     active_adapter: str | None = None, headroom: int = 0,
+                     make_room: MakeRoom | None = None) -> InferenceSession:  # fmt: skip
+        """A new remote session over all blocks; the caller closes it (or uses `with`). It
+        opens with its first step (`connect()` opens it now). `active_adapter`: a served
+        LoRA adapter for this session (default: the model's). `headroom`: tokens of
+        `max_length` it may open without where servers refuse them (past their limit, or no
+        room); `make_room`: awaited where no server has room, True when it freed some
+        (InferenceSession's)."""
         return self.model.layers.inference_session(
             max_length=max_length, batch_size=batch_size, dtype=self.dtype,
-            active_adapter=active_adapter,
+            active_adapter=active_adapter, headroom=headroom, make_room=make_room,
         )  # fmt: skip
 
     def fork_session(self, session: InferenceSession, batch_size: int, *,

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from drift.client.chain import MakeRoom
 from drift.client.distributed_config import client_for
 from drift.client.extras import check_chain
 from drift.client.lora import ClientLora
@@ -216,17 +217,19 @@ class RemoteSequential(nn.Module):
 
     def inference_session(
         self, *, max_length: int, batch_size: int = 1, dtype: torch.dtype = torch.float32,
-        active_adapter: str | None = None,
+        active_adapter: str | None = None, headroom: int = 0, make_room: MakeRoom | None = None,
     ) -> InferenceSession:  # fmt: skip
         """A session over these blocks, with the model's trained LoRA weights (sent once)
-        and the served adapter `active_adapter` (default: the client's)."""
+        and the served adapter `active_adapter` (default: the client's); `headroom`,
+        `make_room`: InferenceSession's."""
         check_chain(self.client.sharing, self.start_block, self.end_block)
         wire = {} if self.lora is None else self.lora.wire(self.start_block, self.end_block)
         lora = {k: v.detach().to("cpu") for k, v in wire.items()}
         adapter = active_adapter if active_adapter is not None else self.client.adapter
         return InferenceSession(self.client, self.start_block, self.end_block,
                                 max_length=max_length, batch_size=batch_size, dtype=dtype,
-                                adapter=adapter, lora=lora)  # fmt: skip
+                                adapter=adapter, lora=lora, headroom=headroom,
+                                make_room=make_room)  # fmt: skip
 
     def extra_repr(self) -> str:
         return f"blocks [{self.start_block}, {self.end_block})"

@@ -17,7 +17,7 @@ import logging
 
 import torch
 
-from drift.client.chain import Chain, SpanState
+from drift.client.chain import Chain, MakeRoom, SpanState
 from drift.client.extras import Tensors
 from drift.client.remote import RemoteClient
 from drift.client.routing import Hop
@@ -35,11 +35,21 @@ class InferenceSession:
     def __init__(
         self, client: RemoteClient, start_block: int, end_block: int, *,
         max_length: int, batch_size: int = 1, dtype: torch.dtype = torch.float32,
-        adapter: str | None = None, lora: Tensors | None = None,
+        adapter: str | None = None, lora: Tensors | None = None, headroom: int = 0,
+        make_room: MakeRoom | None = None,
     ) -> None:  # fmt: skip
         """`adapter`: a served LoRA adapter; `lora`: wire-named LoRA weights (drift.wire.lora)
-        of the blocks, detached, sent to each server once."""
+        of the blocks, detached, sent to each server once. `headroom`: tokens of
+        `max_length` the session opens without where servers refuse them (past a server's
+        limit, or no room on any): it then opens `max_length - headroom` long (its
+        `max_length` says which, once its first step is through). `make_room`: awaited on
+        the client's loop where no server has room for the session, before its headroom is
+        given up or the refusal rises: True when it freed some (e.g. the caller's idle
+        sessions closed), and the servers are asked again."""
+        if not 0 <= headroom < max_length:
+            raise ValueError(f"headroom {headroom} must be in [0, max_length={max_length})")
         self.client = client
+        self.headroom, self.make_room = headroom, make_room
         self.adapter = adapter
         self.lora = dict(lora or {})
         self.start_block, self.end_block = start_block, end_block
@@ -91,6 +101,15 @@ class InferenceSession:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def drop_headroom(self) -> bool:
+        """Open `headroom` tokens shorter from now on (a server refused the length: past its
+        limit, or no room); whether there was headroom to give up."""
+        if not self.headroom:
+            return False
+        log.debug("opening %d tokens shorter: %d", self.headroom, self.max_length - self.headroom)
+        self.max_length, self.headroom = self.max_length - self.headroom, 0
+        return True
 
     def open_msg(self, hop: Hop) -> m.OpenSession:
         return m.OpenSession(self.client.model_fingerprint, hop.start_block, hop.end_block,
@@ -176,6 +195,7 @@ class InferenceSession:
             log.debug("a session did not open (%s): opening again, waiting", exc)
             await self.chain.reopen(exc)
             out = await self._through(step, states)
+        self.headroom = 0  # opened: what it holds is its own from now on
         if not self._spared:
             self._spared = True
             for span in self.chain.spans:
@@ -292,6 +312,13 @@ class InferenceSession:
         steps again. Sent in the background (from any thread); a step may follow at once."""
         if not self.closed and self.spans and not self.client.closed:
             self.client.submit(self.chain.idle())
+
+    async def aclose(self) -> None:
+        """`close`, awaited on the client's loop (a `make_room` closing idle sessions)."""
+        if not self.closed:
+            self.closed = True
+            if self.spans:
+                await self.chain.close()
 
     def close(self, *, wait: bool = True) -> None:
         """Close every span's socket (the servers free the caches); `wait=False` does not

@@ -13,6 +13,7 @@ from drift.api.prefix import SessionPool, common_prefix
 from drift.api.service import ServiceConfig
 from drift.api.swarm import swarm_engine
 from tests.api.apps import API_KEY, MESSAGES, MODEL_ID, Rows, reference
+from tests.client.push_helpers import record_sends
 from tests.server.test_live_load import wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -74,6 +75,35 @@ async def test_next_turn_continues_the_held_session(
         other = [{"role": "user", "content": "Something else entirely, please"}]
         await chat(other)
         assert pool.hits == 3 and len(pool) == 2  # a new session beside the held one
+
+
+async def test_a_chats_session_opens_with_its_first_step(
+    model_dir, local_model, swarms, sdk_models, web_apps, monkeypatch
+) -> None:
+    """`drift api` does not wait for its sessions' opens: a request's first step goes out
+    right behind them (one round trip less before the first token). Where the headroom a
+    held session keeps for the next turn passes a server's length limit, the session opens
+    without it, and the answer is the same."""
+    ids = _ids(local_model, MESSAGES)
+    max_tokens = 12
+    limit = len(ids) + max_tokens + 100  # the prompt and answer fit, 512 more do not
+    swarm = await swarms.start(model_dir, [(0, 2), (2, 4)], inference_max_length=limit)
+    model = await sdk_models.open(model_dir, swarm.token)
+    pool = SessionPool(model, max_sessions=2)
+    engine = swarm_engine(model, local_model[1], model_id=MODEL_ID, pool=pool)
+    service = ServiceConfig(max_concurrent=2, max_batch=8)
+    url = await web_apps.start(build_api_app(engine, ApiConfig((API_KEY,), service=service)))
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
+    sent = record_sends(monkeypatch)
+    async with client:
+        resp = await client.chat.completions.create(
+            model=MODEL_ID, messages=MESSAGES, max_tokens=max_tokens, temperature=0
+        )
+    assert resp.choices[0].message.content == reference(local_model, ids, max_tokens)[0]
+    assert sent[0][1]  # sent while its opens were unanswered
+    (held,) = pool._held.values()
+    assert held.session.max_length == len(ids) + max_tokens  # without its headroom
+    assert not model.client.bans.banned()
 
 
 async def test_a_server_without_room_gets_the_apis_held_sessions_back(

@@ -1,6 +1,6 @@
 """Helpers shared by the push, speculative and wire-compression client tests: a three-span
-chain, a greedy decode that keeps every step's logits, and the wait until every server's
-table holds the others (a push needs it)."""
+chain, a greedy decode that keeps every step's logits, the wait until every server's
+table holds the others (a push needs it), and a record of the steps a client sends."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import time
 
 import torch
 
+from drift.client.transport import SpanSocket
 from tests.client.swarms import Swarm
 
 SPANS = [(0, 1), (1, 3), (3, 4)]
@@ -45,3 +46,17 @@ def decode(model, steps: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
             ids = torch.cat([ids, nxt], dim=1)
             out = model(nxt, cache=out.cache, use_cache=True)
     return ids, torch.stack(logits, 1)
+
+
+def record_sends(monkeypatch) -> list[tuple[str, bool]]:
+    """(server, whether that socket's open was still unanswered) for every step the client
+    sends itself, from now on."""
+    sent: list[tuple[str, bool]] = []
+    send = SpanSocket.send
+
+    async def recorded(self, req):
+        sent.append((self.hop.peer_id, self._opening))
+        return await send(self, req)
+
+    monkeypatch.setattr(SpanSocket, "send", recorded)
+    return sent

@@ -13,27 +13,12 @@ import asyncio
 import torch
 
 from drift.client import ClientConfig
-from drift.client.transport import SpanSocket
 from drift.wire.errors import CacheFull
-from tests.client.push_helpers import SPANS, wait_all_know_each_other
+from tests.client.push_helpers import SPANS, record_sends, wait_all_know_each_other
 from tests.client.refusals import refuse_first_open
 from tests.server.reference import load_reference
 
 IDS = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
-
-
-def _record_sends(monkeypatch) -> list[tuple[str, bool]]:
-    """(server, whether that socket's open was still unanswered) for every step the client
-    sends itself."""
-    sent: list[tuple[str, bool]] = []
-    send = SpanSocket.send
-
-    async def recorded(self, req):
-        sent.append((self.hop.peer_id, self._opening))
-        return await send(self, req)
-
-    monkeypatch.setattr(SpanSocket, "send", recorded)
-    return sent
 
 
 async def test_the_first_step_follows_the_opens_at_once(tiny_dirs, swarms, sdk_models,
@@ -44,7 +29,7 @@ async def test_the_first_step_follows_the_opens_at_once(tiny_dirs, swarms, sdk_m
     await wait_all_know_each_other(swarm)
     model = await sdk_models.open(model_dir, swarm.token, client_config=ClientConfig())
     first = next(s.node.peer_id for s in swarm.servers if s.server.backend.start_block == 0)
-    sent = _record_sends(monkeypatch)
+    sent = record_sends(monkeypatch)
     ref = local.generate(IDS, max_new_tokens=4, do_sample=False)
     out = await asyncio.to_thread(model.generate, IDS, max_new_tokens=4, do_sample=False)
     assert torch.equal(out, ref)
