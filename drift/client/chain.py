@@ -61,8 +61,8 @@ class Opener(Protocol):
     def open_msg(self, hop: Hop) -> m.OpenSession: ...
 
     def drop_headroom(self) -> bool:
-        """Open shorter from now on (a server refused the length); whether it had room to
-        give up."""
+        """Open shorter from now on (a server refused the length, or none has room);
+        whether it had headroom to give up."""
         ...
 
 
@@ -90,11 +90,11 @@ class Chain:
         left, the owner may make room (`make_room`: its idle sessions closed) or give up its
         headroom (`drop_headroom`, also where a server refuses the length: LengthExceeded),
         and the route is tried again; else that refusal is raised, naming the limit. Each
-        session is opened under
-        an id and push token this client chose (OpenSession.session_id). `wait=False`: the
-        opens are sent and not waited for, so the first step follows at once (its replies
-        read each open's answer first: OpenRefused where one did not open, then `reopen`).
-        `full`: servers that already refused this session for want of room."""
+        session is opened under an id and push token this client chose
+        (OpenSession.session_id). `wait=False`: the opens are sent and not waited for, so
+        the first step follows at once (its replies read each open's answer first:
+        OpenRefused where one did not open, then `reopen`). `full`: servers that already
+        refused this session for want of room."""
         attempts = 0
         full = dict(full or {})  # peer id -> its refusal of this session
         while True:
@@ -353,10 +353,9 @@ class Chain:
         """After an open sent without waiting was refused (`connect(wait=False)`): close every
         socket of the chain (no spares made of them), note a server's refusal as `connect`
         does (one with no room left out of the route, a length past its limit opened without
-        the owner's headroom, another noted as failing) and connect
-        again, waiting for each answer. A socket that broke or went unanswered is not held
-        against its server here (a spare it had closed looks the same): connecting again
-        finds out."""
+        the owner's headroom, another noted as failing) and connect again, waiting for each
+        answer. A socket that broke or went unanswered is not held against its server here
+        (a spare it had closed looks the same): connecting again finds out."""
         spans, self.spans = self.spans, []
         await close_all(span.socket for span in spans)
         cause, full = refused.__cause__, {}
