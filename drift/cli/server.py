@@ -74,8 +74,8 @@ def add_server_options(p: argparse.ArgumentParser, *, num_blocks_default: str = 
         type=float,
         default=30.0,
         help="seconds one unit of work (a prompt chunk, a batch of steps) may run on the "
-        "compute thread before this server announces itself degraded (routing avoids it) "
-        "until that unit ends (default: 30)",
+        "compute thread before this server announces itself degraded (routing avoids it "
+        "while others serve its blocks) until that unit ends (default: 30)",
     )
     p.add_argument("--max_batch_size", type=int, default=8,
                    help="sequences per request or session (default: 8)")  # fmt: skip

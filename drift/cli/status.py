@@ -52,7 +52,8 @@ def format_members(records: Sequence[PeerRecord], *, now: float | None = None) -
 
 def state_label(rec: PeerRecord) -> str:
     """'online', 'online,draining' (handing its sessions over, taking no new ones) or
-    'online,degraded' (its compute stalled with work queued: routing avoids it)."""
+    'online,degraded' (its compute stalled with work queued: routing avoids it while others
+    serve its blocks)."""
     marks = ["draining"] * bool(rec.optional("draining")) + ["degraded"] * rec.degraded
     return ",".join([rec.state, *marks])
 

@@ -12,6 +12,7 @@ A client not closed is closed when collected or at interpreter exit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import secrets
@@ -172,30 +173,39 @@ class RemoteClient:
         adapter: str | None = None, avoid: Collection[str] = (),
     ) -> list[Hop]:  # fmt: skip
         """A chain over [start, end) of servers holding `adapter` (if named), none of the peers
-        in `avoid`. MissingBlocks only when no server covers a block: when just banned ones
-        do (a peer that failed a moment ago), wait for their bans to end."""
+        in `avoid`. When just banned servers cover a block (a peer that failed a moment ago),
+        wait for their bans to end; when just degraded ones do (compute stalled past their
+        watchdog's bound), route to them: a slow answer beats none. MissingBlocks only when
+        no server covers a block, saying why each known server of it is left out."""
+        fp = self.model_fingerprint
         choose = functools.partial(self._choose, start, end, inference, tokens_needed, adapter,
                                    frozenset(avoid))  # fmt: skip
         await self.swarm.refresh()
-        try:
+        with contextlib.suppress(MissingBlocks):
             return choose()
-        except MissingBlocks:
-            await self.swarm.refresh(force=True)  # maybe a server came back or joined
-        try:
+        await self.swarm.refresh(force=True)  # maybe a server came back or joined
+        with contextlib.suppress(MissingBlocks):
             return choose()
-        except MissingBlocks:
-            wait = self.swarm.ban_wait(self.model_fingerprint, start, end)
-            if wait is None:
-                if not self.swarm.servers(self.model_fingerprint, banned_too=True):
-                    check_served(self.origin, self.swarm.table.live(time.time()))  # another model?
-                self.swarm.refuse_other_protocols(self.model_fingerprint, start, end)
+        wait = self.swarm.ban_wait(fp, start, end)
+        if wait is not None:
+            await asyncio.sleep(wait)
+            with contextlib.suppress(MissingBlocks):
+                return choose()
+        try:
+            return choose(degraded_too=True)
+        except MissingBlocks as exc:
+            if not self.swarm.servers(fp, banned_too=True):
+                check_served(self.origin, self.swarm.table.live(time.time()))  # another model?
+            self.swarm.refuse_other_protocols(fp, start, end)
+            if exc.details.get("adapter") is not None:
                 raise
-        await asyncio.sleep(wait)
-        return choose()
+            raise self.swarm.explain(exc, fp, avoid) from None
 
     def _choose(self, start: int, end: int, inference: bool, tokens_needed: int,
-                adapter: str | None, avoid: frozenset[str] = frozenset()) -> list[Hop]:  # fmt: skip
-        servers = [s for s in self.swarm.servers(self.model_fingerprint) if s.peer_id not in avoid]
+                adapter: str | None, avoid: frozenset[str] = frozenset(), *,
+                degraded_too: bool = False) -> list[Hop]:  # fmt: skip
+        servers = [s for s in self.swarm.servers(self.model_fingerprint, degraded_too=degraded_too)
+                   if s.peer_id not in avoid]  # fmt: skip
         servers = with_adapter(servers, adapter, start, end)
         if inference:
             model = LatencyModel(

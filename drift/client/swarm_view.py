@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Collection
 
 import aiohttp
 
@@ -18,7 +19,7 @@ from drift.client.config import ClientConfig
 from drift.client.latency import LatencyEwma
 from drift.client.routing import ServerInfo, missing_blocks
 from drift.identity.tokens import JoinToken
-from drift.swarm import MembershipTable, format_ranges, records_for_model
+from drift.swarm import MembershipTable, PeerRecord, format_ranges, records_for_model
 from drift.swarm.reader import fetch_table
 from drift.wire.errors import (
     DriftError,
@@ -52,11 +53,14 @@ class SwarmView:
     def _sources(self) -> list[tuple[str, str]]:
         """(url, expected peer id) to read the table from: live records first, then members
         whose records expired while this client was idle (they may well still run), then
-        the seeds: losing the initial peers costs nothing."""
+        the seeds: losing the initial peers costs nothing. Within each, peers this client
+        has heard back from come first: a flood of records at dead addresses (anyone may sign
+        one) costs a refresh nothing while a known peer answers."""
         live = {r.peer_id for r in self.table.live(time.time())}
+        rtt = self.rtt_s
         known = sorted((r for r in self.table.records() if r.state != "offline" and r.addrs
                         and not self.bans.is_banned(r.peer_id)),
-                       key=lambda r: r.peer_id not in live)  # fmt: skip
+                       key=lambda r: (r.peer_id not in live, r.peer_id not in rtt))  # fmt: skip
         return ([(r.addrs[0].rstrip("/"), r.peer_id) for r in known]
                 + [(t.url, t.peer_id) for t in self.initial_peers])  # fmt: skip
 
@@ -93,15 +97,57 @@ class SwarmView:
         """One measured round trip (a /swarm read or an inference step on that peer)."""
         self.latency.update(peer_id, seconds)
 
-    def servers(self, model_fingerprint: str, *, banned_too: bool = False) -> list[ServerInfo]:
-        """Live, verified servers of this model (not banned or degraded ones, whose compute
-        stalls, unless `banned_too`), with measured round trips."""
+    def servers(self, model_fingerprint: str, *, banned_too: bool = False,
+                degraded_too: bool = False) -> list[ServerInfo]:  # fmt: skip
+        """Live, verified servers of this model (not banned ones unless `banned_too`, nor
+        degraded ones, whose compute stalls, unless `degraded_too` or `banned_too`), with
+        measured round trips."""
         banned = set() if banned_too else self.bans.banned()
+        degraded_too = degraded_too or banned_too
         records = records_for_model(self.table.live(time.time()), model_fingerprint)
         return [ServerInfo.from_record(r, self.rtt_s.get(r.peer_id)) for r in records
-                if r.peer_id not in banned and (banned_too or not r.degraded)
+                if r.peer_id not in banned and (degraded_too or not r.degraded)
                 and r.model_fingerprint == model_fingerprint and r.speaks_our_protocol()
                 and r.addrs]  # fmt: skip
+
+    def explain(self, exc: MissingBlocks, model_fingerprint: str,
+                avoid: Collection[str] = ()) -> MissingBlocks:  # fmt: skip
+        """`exc` with why each server this client knows of that holds some of its missing
+        blocks was not routed to (stopped, record expired, banned, ...): an operator reading
+        "no live server covers" learns whether to restart a server or wait. `avoid`: peers
+        the caller left out (servers that said they had no room)."""
+        wanted = set(exc.details.get("missing") or ())
+        now = time.time()
+        reasons = [f"{r.peer_id} (blocks {format_ranges(list(range(*r.span)))}) "
+                   f"{self._why_not(r, now, avoid)}"
+                   for r in self.table.records()
+                   if r.span is not None and model_fingerprint in (r.model_fingerprint, r.model)
+                   and wanted & set(range(*r.span))]  # fmt: skip
+        if not reasons:
+            return exc
+        return MissingBlocks(f"{exc.message}; servers of those blocks: " + "; ".join(reasons),
+                             **exc.details)  # fmt: skip
+
+    def _why_not(self, record: PeerRecord, now: float, avoid: Collection[str]) -> str:
+        deadline = self.table.deadline(record.peer_id)
+        if record.state == "offline":
+            return "has stopped (its last record says offline)"
+        if deadline <= now:
+            return f"went silent: its record expired {now - deadline:.0f} s ago"
+        if record.state != "online":
+            return f"is {record.state}, not yet serving"
+        if not record.speaks_our_protocol():
+            return f"speaks wire protocol {record.protocol}, this client {PROTOCOL_VERSION}"
+        if not record.addrs:
+            return "announces no address"
+        if record.peer_id in avoid:
+            return "has no KV-cache room for this session"
+        if self.bans.is_banned(record.peer_id):
+            return (f"failed {self.bans.failures(record.peer_id)} time(s) in a row: not routed "
+                    f"to for {self.bans.remaining(record.peer_id):.1f} s more")  # fmt: skip
+        if record.degraded:
+            return f"is degraded: its compute has stalled for {record.optional('degraded_s')} s"
+        return "is live (it came back while this request was routed)"
 
     def refuse_other_protocols(self, model_fingerprint: str, start: int, end: int) -> None:
         """MissingBlocks naming the versions when blocks of [start, end) that no server of
