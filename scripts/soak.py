@@ -129,7 +129,7 @@ async def chat_client(url: str, stream: bool, stop: float, errors: Counter[str],
                             error = orjson.loads(data)["error"]
                             code, message = error.get("code") or "?", str(error.get("message"))
                         errors[f"chat HTTP {resp.status} {code}"] += 1
-                        EXAMPLES.setdefault(f"chat HTTP {resp.status} {code}", message[:300])
+                        EXAMPLES.setdefault(f"chat HTTP {resp.status} {code}", message[:1200])
                         await asyncio.sleep(0.5)
                     elif stream and b"data: [DONE]" not in data:
                         errors["chat stream cut short"] += 1
