@@ -236,3 +236,41 @@ async def test_an_identity_flood_cannot_keep_a_real_newcomer_out(nodes: Nodes) -
             await attack
     fakes = {r["peer_id"] for batch in batches for r in batch}
     assert not fakes & live_ids(seed)
+
+
+async def test_a_dead_address_is_dialled_once_and_the_tls_probe_loads_no_ca_store(
+    nodes: Nodes, monkeypatch
+) -> None:
+    """A flood makes a node dial hundreds of dead addresses: each failure costs that one dial,
+    not a TLS probe of the same port as well, nor the system's CA store loaded on the event
+    loop (~30 ms each: a 300-record flood stalled a seed's /health for ~0.7 s). A plain
+    address of a TLS node still gets its hint, from a probe that loads no CA certificates."""
+    import ssl
+
+    import drift.swarm.reader as reader
+    from tests.faults.procs import free_port
+
+    probes: list[tuple[str, int]] = []
+    real_probe = reader._speaks_tls
+
+    def no_ca_store(*args, **kwargs):
+        raise AssertionError("the TLS probe loaded the system's CA certificates")
+
+    async def probe(host: str, port: int) -> bool:
+        probes.append((host, port))
+        with monkeypatch.context() as patch:
+            patch.setattr(ssl.SSLContext, "load_default_certs", no_ca_store)
+            return await real_probe(host, port)
+
+    monkeypatch.setattr(reader, "_speaks_tls", probe)
+    seed, seed_run = await nodes.start(tls=True)
+    async with aiohttp.ClientSession() as http:
+        dead = free_port()
+        with pytest.raises(PeerUnavailable, match=f"cannot reach http://127.0.0.1:{dead}"):
+            await reader.fetch_table(http, f"http://127.0.0.1:{dead}", expect_peer_id=seed.peer_id,
+                                     swarm_key=None, timeout_s=5)  # fmt: skip
+        assert probes == []
+        with pytest.raises(PeerUnavailable, match="speaks TLS"):
+            await reader.fetch_table(http, f"http://127.0.0.1:{seed_run.port}",
+                                     expect_peer_id=seed.peer_id, swarm_key=None, timeout_s=5)  # fmt: skip
+        assert probes == [("127.0.0.1", seed_run.port)]
