@@ -6,7 +6,7 @@ threads), hands it to B, B computes its step and hands it back after `--pause_ms
 client's head). After each step a process's OpenMP workers spin before they sleep: with
 libgomp's default (300,000 spins) they spin milliseconds into the next process's step, on
 the same cores. Runs torch's default and DRIFT's bound (GOMP_SPINCOUNT=10000, set by the
-`drift` commands: drift/cli/_openmp.py) interleaved `--pairs` times and prints, per setting,
+`drift` commands: drift/openmp.py) interleaved `--pairs` times and prints, per setting,
 the median step of A and of B (B starts right after A), B/A, a whole round, and the CPU
 time each process burns while it waits (its spinning).
 
@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from drift.cli._openmp import BOUNDED_SPINS, SPIN_VAR, USER_VARS  # noqa: E402
+from drift.openmp import BOUNDED_SPINS, SPIN_VAR, USER_VARS  # noqa: E402
 
 HIDDEN, INNER, BLOCKS = 576, 3072, 15  # 15 x 2 x 576 x 3072 floats: SmolLM2's 15 blocks' size
 

@@ -17,10 +17,10 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from drift.cli._exits import USAGE, UsageError, interrupted, run_command
-from drift.cli._openmp import bound_spinning
 from drift.cli._options import add_global_options, log_level
 from drift.cli._secrets import warn_secret_flags
 from drift.cli._settings import apply_settings, load_config, settable_actions
+from drift.openmp import bound_spinning
 from drift.wire.version import __version__
 
 # One module per subcommand, in the order `drift --help` lists them.

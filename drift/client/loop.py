@@ -13,7 +13,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from drift.client.idle_workers import worker_release
+from drift.openmp import worker_release
 
 T = TypeVar("T")
 CLOSE_TIMEOUT_S = 5.0  # seconds closing may wait for the loop's last work
@@ -24,7 +24,7 @@ class LoopThread:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self._release_workers = worker_release()  # before a wait (drift.client.idle_workers)
+        self._release_workers = worker_release()  # drift.openmp
         self.closed = False
         self._thread = threading.Thread(target=self._run, name="drift-client-loop", daemon=True)
         self._thread.start()
@@ -43,9 +43,18 @@ class LoopThread:
         if threading.current_thread() is self._thread:
             coro.close()
             raise RuntimeError("LoopThread.run called from inside its own loop")
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        future = asyncio.run_coroutine_threadsafe(self._released(coro), self.loop)
         self._release_workers()  # while the loop sends: no core spins through the wait
         return future.result(timeout)
+
+    async def _released(self, coro: Coroutine[Any, Any, T]) -> T:
+        """`coro`, then the end of this loop thread's OpenMP pool, if decoding a reply (a
+        prompt's hidden states) gave it one: another pool in the process makes GNU OpenMP
+        throttle every pool's workers, the caller's own torch work's included (drift.openmp)."""
+        try:
+            return await coro
+        finally:
+            self._release_workers()
 
     def submit(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Start `coro` on the loop without waiting for it (from any thread); dropped once

@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from drift.models.checkpoint import Checkpoint
+from drift.openmp import worker_release
 from drift.server.backend import SpanBackend
 from drift.server.budget import CacheBudget
 from drift.server.config import ServerConfig
@@ -166,7 +167,11 @@ class BlockServer:
     async def housekeeping_loop(self, tick_s: float = 1.0) -> None:
         last: tuple[float, ...] | None = None
         tick = min(tick_s, max(self.config.session_timeout_s / 4, 0.05))
+        # this (event loop) thread's OpenMP pool, left by loading or by copying a prompt's
+        # tensors, would make the compute thread's workers spin throttled (drift.openmp)
+        release_workers = worker_release()
         while True:
+            release_workers()
             self.sessions.reap()
             for sid in self.handoff.unclaimed(time.monotonic()):
                 log.info("handed-over session %s was not resumed: closed", sid)

@@ -1,4 +1,4 @@
-"""drift's commands bound OpenMP's spinning before torch loads (drift/cli/_openmp.py), unless
+"""drift's commands bound OpenMP's spinning before torch loads (drift/openmp.py), unless
 the user chose a spin count or wait policy; scripts/bench_spin.py measures why."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from drift.cli._openmp import bound_spinning
+from drift.openmp import bound_spinning
 
 _PROBE = """
 import os, sys

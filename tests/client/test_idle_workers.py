@@ -1,5 +1,5 @@
 """The client lets its OpenMP workers sleep while it waits for the servers
-(drift/client/idle_workers.py): the pool of the thread that waits is ended before each wait,
+(drift/openmp.py): the pool of the thread that waits is ended before each wait,
 so no core of a machine the servers share spins through their step."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from drift.client.idle_workers import _loaded_runtime
+from drift.openmp import _loaded_runtime
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="counts threads through /proc")  # fmt: skip
@@ -69,10 +69,41 @@ def test_the_runtime_is_found_in_the_process_maps(tmp_path: Path) -> None:
 
 
 def test_a_runtime_that_cannot_be_opened_leaves_a_no_op(tmp_path: Path) -> None:
-    from drift.client.idle_workers import _nothing, worker_release
+    from drift.openmp import _nothing, worker_release
 
     maps = tmp_path / "maps"
     maps.write_text("7f02-7f03 r-xp 00000000 08:01 2 /nonexistent/lib/libgomp.so.1\n")
     release = worker_release(maps)
     assert release is _nothing
     release()
+
+
+# A coroutine run through the LoopThread makes a parallel reduction on the loop thread (as
+# decoding a prompt's hidden states may): the probe prints the thread counts before, inside
+# the coroutine, and 50 ms after it returned, and whether the sum is right.
+_LOOP_PROBE = """
+import asyncio, os, time, torch
+from drift.client.loop import LoopThread
+def threads(): return len(os.listdir("/proc/self/task"))
+loop = LoopThread()
+before = threads()
+async def reduce():
+    return torch.ones(4_000_000).sum().item(), threads()
+total, inside = loop.run(reduce())
+time.sleep(0.05)
+print(before, inside, threads(), total == 4_000_000)
+loop.close()
+"""
+
+
+def test_the_loop_thread_gives_back_its_openmp_pool_after_each_run() -> None:
+    """Another thread's pool makes GNU OpenMP throttle every pool, the user's own torch work
+    on the main thread included (drift/openmp.py)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    done = subprocess.run([sys.executable, "-c", _LOOP_PROBE], env=env, capture_output=True,
+                          text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    before, inside, after, right = done.stdout.split()
+    assert right == "True"
+    assert int(inside) == int(before) + 1, (before, inside, after)
+    assert int(after) == int(before), (before, inside, after)
