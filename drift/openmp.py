@@ -16,10 +16,11 @@ them share, every hand-off leaves the next one computing beside a spinning core.
 
 Pools. Every thread that runs a parallel kernel gets a pool of its own, and GNU OpenMP counts
 the workers of every pool in the process: once they outnumber the CPUs, *every* pool's
-workers spin only 100 times (its "throttled" count) before they sleep, so each kernel of a step waits for sleeping
-workers to be woken. A server computes on its compute thread, but loading (and any large
-tensor its event loop copies) leaves the main thread a pool as well: its compute pool then
-ran throttled, ~12-18% slower per step here. A client's loop thread decoding a prompt's
+workers spin only 100 times (its "throttled" count, whatever GOMP_SPINCOUNT says) before
+they sleep, so each kernel of a step waits for sleeping workers to be woken. A server
+computes on its compute thread, but loading (and any large tensor its event loop copies)
+leaves the main thread a pool as well: its compute pool then ran throttled, 15-22% slower
+per step here (scripts/bench_omp_pools.py). A client's loop thread decoding a prompt's
 replies does the same to the user's own torch work on the main thread. `worker_release`,
 called on those threads now and then, ends their pools (OpenMP 5's `omp_pause_resource_all`
 ends the calling thread's pool only; its next kernel starts fresh workers, 0.03-0.15 ms).

@@ -15,19 +15,22 @@ ROOT = Path(__file__).resolve().parent.parent / "drift"
 
 # package -> the drift packages it may import (besides itself). "drift" is the package root
 # (re-exported versions, lazy SDK names: for users, imported by no module); "paths" (the
-# cache-dir rule) and "metrics" (Prometheus text pieces) are leaf modules with no imports.
+# cache-dir rule), "metrics" (Prometheus text pieces) and "openmp" (torch's OpenMP workers)
+# are leaf modules with no imports.
 ALLOWED: dict[str, set[str]] = {
     "wire": set(),
     "identity": {"wire"},
     "swarm": {"wire", "identity"},
     "node": {"wire", "identity", "swarm"},
     "models": {"wire", "paths"},
-    "server": {"wire", "identity", "swarm", "node", "models", "paths", "metrics"},
-    "client": {"wire", "identity", "swarm", "models", "paths"},
+    "server": {"wire", "identity", "swarm", "node", "models", "paths", "metrics", "openmp"},
+    "client": {"wire", "identity", "swarm", "models", "paths", "openmp"},
     "api": {"wire", "swarm", "client", "models", "metrics"},
-    "cli": {"wire", "identity", "swarm", "node", "models", "server", "client", "api", "paths"},
+    "cli": {"wire", "identity", "swarm", "node", "models", "server", "client", "api", "paths",
+            "openmp"},
     "paths": set(),
     "metrics": set(),
+    "openmp": set(),
     "drift": {"wire", "client"},  # drift/__init__.py: the version, lazy SDK names
 }
 # third-party imports a layer must not make (models run on any transport; wire and swarm
