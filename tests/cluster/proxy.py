@@ -41,13 +41,24 @@ async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay
 
 
 async def serve_route(listen: tuple[str, int], target: tuple[str, int], delay: float) -> None:
+    # asyncio keeps only weak references to tasks, and on Python 3.11 start_server keeps none
+    # to a connection's handler: one waiting on a quiet connection could be collected
+    # mid-flight ("Task was destroyed but it is pending!"), leaving both ends hanging.
+    live: set[asyncio.Task] = set()
+
     async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        me = asyncio.current_task()
+        if me is not None:
+            live.add(me)
         try:
-            tr, tw = await asyncio.open_connection(*target)
-        except OSError:
-            w.close()
-            return
-        await asyncio.gather(pipe(r, tw, delay), pipe(tr, w, delay))
+            try:
+                tr, tw = await asyncio.open_connection(*target)
+            except OSError:
+                w.close()
+                return
+            await asyncio.gather(pipe(r, tw, delay), pipe(tr, w, delay))
+        finally:
+            live.discard(me)  # type: ignore[arg-type]
 
     server = await asyncio.start_server(handle, *listen)
     print(f"proxy {listen[0]}:{listen[1]} -> {target[0]}:{target[1]}", flush=True)
