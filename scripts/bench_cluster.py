@@ -13,6 +13,8 @@ layer's linears quantized as DRIFT quantizes them (drift.models.quant.quantize_l
 Prints, per RTT: each machine's span and the budget it read, coverage, whether greedy tokens
 equal local transformers, and decode seconds per token against local transformers (ratio =
 local / drift, so >1 is faster). Machines join one after another, each once the previous serves.
+The local model stays loaded: once the swarm serves, local and swarm runs alternate `--reps`
+times and the medians are compared, so a drift in the host's load moves both sides alike.
 With --churn, one more machine joins in the middle of a greedy session and then a machine that
 session uses is SIGKILLed: the session's tokens must still equal local transformers'.
 """
@@ -20,13 +22,14 @@ session uses is SIGKILLed: the session's tokens must still equal local transform
 from __future__ import annotations
 
 import argparse
-import gc
+import contextlib
 import re
 import ssl
+import statistics
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +82,9 @@ def decode_s_per_token(model, ids: torch.Tensor, new: int,
     return out, per[0], per[1] if servers_s else None
 
 
-def local_reference(model_dir: Path, dtype: torch.dtype, quant: str, ids: torch.Tensor, new: int):
+def local_model(model_dir: Path, dtype: torch.dtype, quant: str):
+    """Local transformers with its weights in memory; with `quant`, each decoder layer's
+    linears quantized as DRIFT quantizes them."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
     if quant != "none":
         from drift.models.quant import quantize_layer
@@ -87,22 +92,23 @@ def local_reference(model_dir: Path, dtype: torch.dtype, quant: str, ids: torch.
         layers = model.model.layers
         for i, layer in enumerate(layers):
             layers[i] = quantize_layer(layer, quant, dtype, torch.device("cpu"))
-    with torch.inference_mode():
-        out, s, _ = decode_s_per_token(model, ids, new)
-    del model
-    gc.collect()
-    return out, s
+    return model
 
 
-def run_box(args: argparse.Namespace, rtt: float, ref: torch.Tensor, ids: torch.Tensor) -> dict:
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def run_box(args: argparse.Namespace, rtt: float, ref: torch.Tensor, ids: torch.Tensor,
+            local: Any) -> dict:  # fmt: skip
     from transformers import AutoConfig
 
     n_blocks = AutoConfig.from_pretrained(args.model).num_hidden_layers
     flags = ["--device", "cpu", *(["--torch_dtype", args.dtype] if args.dtype_flag else []),
              *(["--quant_type", args.quant_type] if args.quant_type != "none" else [])]  # fmt: skip
-    with Box(args.machines + int(args.churn), Path(tempfile.mkdtemp(prefix="drift-bench-cluster-")),
-             memory=int(args.memory_gib * 2**30), rtt_ms=rtt, rate=args.rate,
-             threads=args.threads) as box:  # fmt: skip
+    workdir = Path(tempfile.mkdtemp(prefix="drift-bench-cluster-"))
+    with Box(args.machines + int(args.churn), workdir, memory=int(args.memory_gib * 2**30),
+             rtt_ms=rtt, rate=args.rate, threads=args.threads) as box, logs_kept(box, workdir):  # fmt: skip
         rows, token_text = [], None
         for m in box.machines[: args.machines]:
             extra = flags if token_text is None else ["--join", token_text]
@@ -125,15 +131,33 @@ def run_box(args: argparse.Namespace, rtt: float, ref: torch.Tensor, ids: torch.
             args.model, initial_peers=token_text, dtype=getattr(torch, args.dtype)
         )
         addrs = [r.addrs[0] for r in servers(token)]
+        reps: list[tuple[float, float, float]] = []  # (local, drift, servers' step) s/token
+        same = True
         try:
-            out, s, compute = decode_s_per_token(model, ids, args.new_tokens,
-                                                 lambda: step_seconds(addrs))  # fmt: skip
+            for _ in range(args.reps):
+                with torch.inference_mode():
+                    _, local_s, _ = decode_s_per_token(local, ids, args.new_tokens)
+                out, s, compute = decode_s_per_token(model, ids, args.new_tokens,
+                                                     lambda: step_seconds(addrs))  # fmt: skip
+                same = same and torch.equal(out, ref)
+                reps.append((local_s, s, compute))
             events = churn(args, box, model, ids, ref, token_text, n_blocks) if args.churn else {}
         finally:
             model.close()
         ooms = [m.oom_kills() for m in box.machines]
-        return dict(rows=rows, covered=covered(servers(token), n_blocks), same=torch.equal(out, ref),
-                    s=s, compute=compute, ooms=ooms, events=events)  # fmt: skip
+        return dict(rows=rows, covered=covered(servers(token), n_blocks), same=same, reps=reps,
+                    ooms=ooms, events=events, logs=workdir)  # fmt: skip
+
+
+@contextlib.contextmanager
+def logs_kept(box: Box, workdir: Path) -> Iterator[None]:
+    """Each machine's `drift up` output kept as WORKDIR/<machine>-<n>.log when the run ends."""
+    try:
+        yield
+    finally:
+        for m in box.machines:
+            for k, proc in enumerate(m.procs):
+                (workdir / f"{m.name}-{k}.log").write_text(proc.output())
 
 
 def churn(args: argparse.Namespace, box: Box, model: Any, ids: torch.Tensor, ref: torch.Tensor,
@@ -230,6 +254,8 @@ def main() -> None:
     p.add_argument("--quant_type", default="none", choices=["none", "int8", "nf4"],
                    help="passed to the first machine (the joiners follow the swarm)")  # fmt: skip
     p.add_argument("--new_tokens", type=int, default=12)
+    p.add_argument("--reps", type=int, default=3,
+                   help="interleaved local/swarm runs per RTT; medians are compared")  # fmt: skip
     p.add_argument("--churn", action="store_true",
                    help="then a session where a machine more joins after 3 tokens and, after 6, "
                         "one the session uses is SIGKILLed (blocks others also serve)")  # fmt: skip
@@ -239,13 +265,14 @@ def main() -> None:
                         "at a time)")  # fmt: skip
     args = p.parse_args()
     ids = torch.tensor([[1, 504, 3458, 282, 4649, 314, 1345, 30]])
-    ref, local_s = local_reference(args.model, getattr(torch, args.dtype), args.quant_type, ids,
-                                   args.new_tokens)  # fmt: skip
+    local = local_model(args.model, getattr(torch, args.dtype), args.quant_type)
+    with torch.inference_mode():
+        ref, local_s, _ = decode_s_per_token(local, ids, args.new_tokens)
     quant = f", {args.quant_type}" if args.quant_type != "none" else ""
     print(f"local transformers ({args.dtype}{quant}, weights in memory, "
-          f"{torch.get_num_threads()} threads): {local_s:.3f} s/token")  # fmt: skip
+          f"{torch.get_num_threads()} threads), alone on the host: {local_s:.3f} s/token")  # fmt: skip
     for rtt in args.rtt_ms:
-        r = run_box(args, rtt, ref, ids)
+        r = run_box(args, rtt, ref, ids, local)
         threads = "torch's default threads" if args.threads is None else f"{args.threads} threads"
         print(f"\n{args.machines} machines x {args.memory_gib} GiB{quant}, RTT {rtt:g} ms, "
               f"{args.rate}, {threads}:")  # fmt: skip
@@ -257,15 +284,22 @@ def main() -> None:
             f"coverage full: {r['covered']}; greedy tokens identical to local: {r['same']}; "
             f"OOM kills: {sum(r['ooms'])}"
         )
+        print("| rep | local s/token | drift s/token | servers' summed step | local/drift |")
+        print("|---|---:|---:|---:|---:|")
+        for i, (lo, dr, co) in enumerate(r["reps"], 1):
+            print(f"| {i} | {lo:.3f} | {dr:.3f} | {co:.3f} | {lo / dr:.2f}x |")
+        lo, dr, co = (median([x[k] for x in r["reps"]]) for k in range(3))
+        ratio = median([x[0] / x[1] for x in r["reps"]])
         print(
-            f"decode: drift {r['s']:.3f} s/token vs local {local_s:.3f} s/token "
-            f"(ratio local/drift {local_s / r['s']:.2f}x); the servers' summed step time "
-            f"{r['compute']:.3f} s/token, the rest (client head, generate(), wire) "
-            f"{r['s'] - r['compute']:.3f}",
+            f"decode, medians of {len(r['reps'])} interleaved runs: drift {dr:.3f} s/token vs "
+            f"local {lo:.3f} s/token (median ratio local/drift {ratio:.2f}x); the servers' "
+            f"summed step time {co:.3f} s/token, the rest (client head, generate(), wire) "
+            f"{dr - co:.3f}",
             flush=True,
         )
         if r["events"]:
             print(churn_line(r["events"]), flush=True)
+        print(f"each machine's output: {r['logs']}/m*.log", flush=True)
 
 
 if __name__ == "__main__":
