@@ -36,6 +36,20 @@ from drift.wire.push import NextHop
 from drift.wire.step import StepRequest
 
 
+def pipeline_stages(hops: list[Hop]) -> list[range]:
+    """The stages a pipeline runs along `hops`: consecutive hops whose servers compute on the
+    same cores or GPU (the same `compute` name, drift.server.compute_name) make one stage,
+    which takes each chunk through all of them before the next chunk; any other hop is a
+    stage of its own. Overlapping servers that share cores would only make them compete."""
+    stages: list[range] = []
+    for i, hop in enumerate(hops):
+        if stages and hop.compute is not None and hops[stages[-1].start].compute == hop.compute:
+            stages[-1] = range(stages[-1].start, i + 1)
+        else:
+            stages.append(range(i, i + 1))
+    return stages
+
+
 @dataclass
 class SpanState:
     hop: Hop
@@ -176,10 +190,12 @@ class Chain:
                 await self.failover(chunk.depth, exc)  # then the replacement's first span
 
     async def pipeline(self, chunks: list[Chunk], states: bool) -> None:
-        """Chunks through the spans, each span taking them in order as the one before gives
-        them. At the first failure every span stops taking chunks; the failed chunk keeps
-        its error, and `through` finishes what is left in order."""
-        queues: list[asyncio.Queue[Chunk | None]] = [asyncio.Queue() for _ in self.spans]
+        """Chunks through the spans, each stage (`stages`) taking them in order as the one
+        before gives them: stage i+1 computes chunk j while stage i computes chunk j+1. At
+        the first failure every stage stops taking chunks; the failed chunk keeps its error,
+        and `through` finishes what is left in order."""
+        stages = pipeline_stages([span.hop for span in self.spans])
+        queues: list[asyncio.Queue[Chunk | None]] = [asyncio.Queue() for _ in stages]
         for chunk in chunks:
             queues[0].put_nowait(chunk)
         queues[0].put_nowait(None)
@@ -189,7 +205,8 @@ class Chain:
             nonlocal failed
             while (chunk := await queues[i].get()) is not None and not failed:
                 try:
-                    await self.advance(chunk, states)
+                    for _ in stages[i]:  # advance moves chunk.depth on by one span
+                        await self.advance(chunk, states)
                 except DriftError as exc:
                     failed, chunk.error = True, exc
                     break
@@ -198,7 +215,7 @@ class Chain:
             if i + 1 < len(queues):
                 queues[i + 1].put_nowait(None)
 
-        await asyncio.gather(*(work(i) for i in range(len(self.spans))))
+        await asyncio.gather(*(work(i) for i in range(len(stages))))
 
     async def whole(self, step: StepInputs, states: bool = False
                     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip

@@ -39,7 +39,7 @@ async def follow_move(session: Following, index: int, exc: DriftError, dtype_nam
     moved = _moved(exc) or await _left_on(span.socket.ws)
     if moved is None:
         return False
-    hop = dataclasses.replace(span.hop, addr=moved.addr, peer_id=moved.peer_id)
+    hop = dataclasses.replace(span.hop, addr=moved.addr, peer_id=moved.peer_id, compute=None)
     resume = ResumeSession(moved.session_id, moved.token, dtype_name)
     try:
         sock = await session.client.open_socket(hop, resume)

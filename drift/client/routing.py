@@ -28,6 +28,7 @@ class ServerInfo:
     cache_tokens_left: int
     rtt_s: float | None = None  # measured round trip, None if not measured yet
     adapters: tuple[str, ...] = ()  # LoRA adapters it serves, by name
+    compute: str | None = None  # the cores or GPU it computes on, by name (its record's)
 
     @classmethod
     def from_record(cls, record: PeerRecord, rtt_s: float | None = None) -> ServerInfo:
@@ -36,7 +37,7 @@ class ServerInfo:
         return cls(record.peer_id, record.addrs[0].rstrip("/"), *record.span,
                    throughput=float(record.throughput or 1.0),
                    cache_tokens_left=record.cache_tokens_left, rtt_s=rtt_s,
-                   adapters=record.adapters)  # fmt: skip
+                   adapters=record.adapters, compute=record.compute)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,9 @@ class Hop:
     addr: str
     start_block: int
     end_block: int
+    # the cores or GPU its server computes on, by name (drift.server.compute_name); hops
+    # that share one take a pipeline's chunks one after the other (Chain.pipeline)
+    compute: str | None = field(default=None, compare=False)
 
 
 def missing_blocks(servers: Iterable[ServerInfo], start_block: int, end_block: int) -> list[int]:
@@ -160,7 +164,7 @@ def _unwind(labels: dict[int, list[_Label]], table: dict[str, ServerInfo], start
         assert label[1] is not None and label[2] is not None
         s = table[label[1]]
         begin, last = label[2]
-        hops.append(Hop(s.peer_id, s.addr, begin, block))
+        hops.append(Hop(s.peer_id, s.addr, begin, block, s.compute))
         block = begin
     return hops[::-1]
 
@@ -193,6 +197,6 @@ def spread_route(
                 break
             pick -= w
         stop = min(chosen.end_block, end_block)
-        hops.append(Hop(chosen.peer_id, chosen.addr, block, stop))
+        hops.append(Hop(chosen.peer_id, chosen.addr, block, stop, chosen.compute))
         block = stop
     return hops

@@ -179,7 +179,8 @@ class InferenceSession:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`step` through every span. Past `prefill_chunk_tokens` tokens it travels in chunks
         (no message outgrows a server's body limit), pipelined: span i+1 computes chunk j
-        while span i computes chunk j+1 (`Chain.pipeline`, relayed). A step of one chunk goes
+        while span i computes chunk j+1 (`Chain.pipeline`, relayed; spans whose servers share
+        cores take each chunk in turn instead). A step of one chunk goes
         `Chain.whole`: relayed span by span, or pushed from server to server. The session's
         first step follows its opens at once, without waiting for their answers (one round
         trip less before the first token); where one did not open, the chain is opened

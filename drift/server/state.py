@@ -19,6 +19,7 @@ from drift.models.checkpoint import Checkpoint
 from drift.openmp import worker_release
 from drift.server.backend import SpanBackend
 from drift.server.budget import CacheBudget
+from drift.server.compute_name import compute_name
 from drift.server.config import ServerConfig
 from drift.server.handoff_hub import HandoffHub
 from drift.server.metrics import ServerMetrics
@@ -41,6 +42,9 @@ class BlockServer:
         self.runtime = SpanRuntime.build(backend, config)  # swapped whole by move_to
         self.throughput = throughput  # block-tokens per second of one block
         self.announce = announce  # MembershipNode.announce, or None outside a swarm
+        device = getattr(backend.span, "device", None)
+        # the cores or GPU it computes on, by name: clients do not overlap servers sharing it
+        self.compute = compute_name(device) if device is not None else None
         self.metrics = ServerMetrics({
             "drift_active_sessions": ("Open inference sessions.", lambda: len(self.sessions.sessions)),
             "drift_cache_tokens_in_use": ("KV-cache block-tokens reserved.", lambda: self.budget.used),
@@ -158,6 +162,7 @@ class BlockServer:
             inference_max_length=self.config.inference_max_length,
             max_body_bytes=self.config.max_body_bytes, state=self.state,
             adapters=sorted(b.span.adapters), decode=dict(b.decode_status),
+            compute=self.compute,
         )  # fmt: skip
 
     def record_fields(self) -> dict[str, Any]:

@@ -39,6 +39,8 @@ class BlocksInfo:
     adapters: list[str] = field(default_factory=list)  # LoRA adapters served, by name
     # how decode steps run: mode (eager | lean | compiled), reason, compile_s (warm-up seconds)
     decode: dict[str, Any] = field(default_factory=dict)
+    # the cores or GPU it computes on, by name (drift.server.compute_name); None: not said
+    compute: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -46,4 +48,7 @@ class BlocksInfo:
     def record_fields(self) -> dict[str, Any]:
         """The membership-record fields of a server holding this span."""
         doc = self.to_wire()
-        return {"role": "server", **{k: doc[k] for k in RECORD_FIELDS}}
+        fields = {"role": "server", **{k: doc[k] for k in RECORD_FIELDS}}
+        if self.compute is not None:  # a record without it stays as it was
+            fields["compute"] = self.compute
+        return fields

@@ -35,6 +35,11 @@ TYPED_OPTIONAL = ("adapters",)
 # dashboard show it) but serves no block for routing.
 PROTOCOL_FIELD = "protocol"
 _PROTOCOL_RE = re.compile(r"\d{1,4}\.\d{1,4}")
+# What a server computes on, an opaque name (drift.server.compute_name): servers announcing
+# the same one share their cores or GPU, so a client does not overlap their work. Optional,
+# kept in `extra` like the protocol.
+COMPUTE_FIELD = "compute"
+_COMPUTE_RE = re.compile(r"[0-9A-Za-z_:-]{1,64}")
 
 _NUM = (int, float)
 # field -> (allowed python types, nullable)
@@ -141,6 +146,12 @@ class PeerRecord:
         value = dict(self.extra).get(PROTOCOL_FIELD)
         return value if isinstance(value, str) else None
 
+    @property
+    def compute(self) -> str | None:
+        """The name of the cores or GPU it computes on; None where it announces none."""
+        value = dict(self.extra).get(COMPUTE_FIELD)
+        return value if isinstance(value, str) else None
+
     def speaks_our_protocol(self) -> bool:
         """Whether its routes take this peer's messages: the same protocol major version."""
         return self.protocol is None or same_major(self.protocol)
@@ -204,6 +215,11 @@ class PeerRecord:
                 isinstance(value, str) and _PROTOCOL_RE.fullmatch(value)
             ):
                 raise BadRequest(f"membership record field {name!r} must be 'major.minor'")
+            if name == COMPUTE_FIELD and not (
+                isinstance(value, str) and _COMPUTE_RE.fullmatch(value)
+            ):
+                raise BadRequest(f"membership record field {name!r} must be 1-64 letters, "
+                                 "digits or _:-")  # fmt: skip
         record = cls(**values, signature=signature, adapters=_adapters(data.get("adapters", [])),
                      extra=extra)  # fmt: skip
         size = len(record.canonical()) + len(signature)
@@ -289,7 +305,7 @@ def sign_record(identity: Identity, fields: dict[str, Any]) -> PeerRecord:
 
 
 def record_fields() -> tuple[str, ...]:
-    return (*_SCHEMA, *TYPED_OPTIONAL, *OPTIONAL_FIELDS, PROTOCOL_FIELD)
+    return (*_SCHEMA, *TYPED_OPTIONAL, *OPTIONAL_FIELDS, PROTOCOL_FIELD, COMPUTE_FIELD)
 
 
 __all__ = [
