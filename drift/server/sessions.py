@@ -243,7 +243,11 @@ class SessionManager:
             session.last_used = time.monotonic()
         if len(outs) == 1:
             return StepResponse(req.step_id, outs[0], donated[0])
-        return StepResponse(req.step_id, torch.cat(outs, dim=1), _joined(donated))
+        # joined on the compute thread: a parallel copy on this (event loop) thread would give
+        # it an OpenMP pool, and beside a second pool the compute pool's workers run
+        # throttled until the housekeeping tick ends it (drift.openmp)
+        hidden, named = await self.backend.run(lambda: (torch.cat(outs, dim=1), _joined(donated)))
+        return StepResponse(req.step_id, hidden, named)
 
     def _step(self, session: Session, req: StepRequest) -> StepResponse:
         with self.backend.span.serving(session.lora, adapter=session.request.adapter):
