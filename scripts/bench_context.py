@@ -8,7 +8,10 @@ For each context length: greedy generate() of `--new` tokens after a random prom
 many tokens; a streamer stamps each token, so TTFT is the prompt's prefill and first token,
 decode the median time between the later tokens. Also printed: the tokens each server
 computed during the prefill and in all (its /metrics drift_tokens_total; a prompt crosses
-each server once: prefill == prompt length), and whether the tokens equal local's.
+each server once: prefill == prompt length), whether the tokens equal local's, and the
+servers' summed step time during the prefill (drift_step_latency_seconds_sum: from a step's
+arrival to its reply, so TTFT minus it is the client's and the wire's share when the
+servers take chunks in turn).
 
     PYTHONPATH=. python scripts/bench_context.py --lengths 128,1024,4096
 """
@@ -39,15 +42,16 @@ from drift.client import AutoDistributedModelForCausalLM, ClientConfig  # noqa: 
 from drift.models.checkpoint import open_checkpoint  # noqa: E402
 
 
-def tokens_total(urls: list[str]) -> list[int]:
-    """Each server's drift_tokens_total."""
+def tokens_total(urls: list[str]) -> list[tuple[int, float]]:
+    """Each server's drift_tokens_total and summed step latency (seconds) so far."""
     out = []
     for url in urls:
         with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
             text = resp.read().decode()
         found = re.search(r"^drift_tokens_total (\S+)", text, re.M)
-        assert found, text
-        out.append(int(float(found.group(1))))
+        steps = re.search(r"^drift_step_latency_seconds_sum (\S+)", text, re.M)
+        assert found and steps, text
+        out.append((int(float(found.group(1))), float(steps.group(1))))
     return out
 
 
@@ -133,9 +137,10 @@ def main() -> None:
                                          lambda p=prefill: p.extend(tokens_total(procs.urls)))  # fmt: skip
                     after = tokens_total(procs.urls)
                     rows.append((length, lt, dt, ls, ds,
-                                 [p - b for p, b in zip(prefill, before, strict=True)],
-                                 [a - b for a, b in zip(after, before, strict=True)],
-                                 ltok == dtok))  # fmt: skip
+                                 [p[0] - b[0] for p, b in zip(prefill, before, strict=True)],
+                                 [a[0] - b[0] for a, b in zip(after, before, strict=True)],
+                                 ltok == dtok,
+                                 sum(p[1] - b[1] for p, b in zip(prefill, before, strict=True))))  # fmt: skip
                     print(rows[-1], flush=True)
         finally:
             if model is not None:
@@ -145,14 +150,15 @@ def main() -> None:
           f"{args.new} new tokens, threads: {args.threads}, local transformers in the same run")  # fmt: skip
     print(
         "| prompt tokens | local TTFT | DRIFT TTFT | TTFT ratio | local s/token | DRIFT s/token "
-        "| decode speed vs local | tokens each server computed: prefill / all | same tokens |"
+        "| decode speed vs local | tokens each server computed: prefill / all | same tokens "
+        "| servers' summed step time in the prefill |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for length, lt, dt, ls, ds, pre, total, same in rows:
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for length, lt, dt, ls, ds, pre, total, same, served in rows:
         counts = ", ".join(f"{p} / {t}" for p, t in zip(pre, total, strict=True))
         print(
             f"| {length:,} | {lt:.2f} s | {dt:.2f} s | {dt / lt:.2f}x | {ls:.3f} | {ds:.3f} "
-            f"| {ls / ds:.2f}x | {counts} | {'yes' if same else 'NO'} |"
+            f"| {ls / ds:.2f}x | {counts} | {'yes' if same else 'NO'} | {served:.2f} s |"
         )
 
 
