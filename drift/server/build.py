@@ -107,7 +107,8 @@ def load_server(
     backend = SpanBackend(span, model_name=ckpt.name, fingerprint=ckpt.fingerprint,
                           max_batch_size=config.max_batch_size, quant=quant,
                           max_request_tokens=config.max_request_tokens,
-                          chunk_tokens=chunk, pace=pace)  # fmt: skip
+                          chunk_tokens=chunk, pace=pace,
+                          sized_by_pace=config.chunk_tokens is None)  # fmt: skip
     attach_decode(backend, config.compile)  # compiled (if so) now: before any user's step
     throughput = config.throughput if config.throughput is not None else pace
     return BlockServer(config, backend, throughput=throughput)

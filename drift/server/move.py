@@ -87,12 +87,13 @@ async def _load_backend(old: SpanBackend, config: ServerConfig, ckpt: Checkpoint
     # Loaded on the default executor: the old span keeps computing on its own thread.
     span = await loop.run_in_executor(None, _load, config, old, ckpt, start_block, end_block)
     chunk = old.chunk_tokens  # the same pace per block: units sized for the new span's length
-    if config.chunk_tokens is None and old.pace is not None:
-        chunk = chunk_tokens_for(old.pace, end_block - start_block)
+    if old.sized_by_pace and old.pace is not None:
+        chunk = chunk_tokens_for(max(old.pace, old.prompt_pace or 0.0), end_block - start_block)
     backend = SpanBackend(span, model_name=old.model_name, fingerprint=old.fingerprint,
                           max_batch_size=old.max_batch_size, quant=old.quant,
                           max_request_tokens=old.max_request_tokens,
-                          chunk_tokens=chunk, pace=old.pace)  # fmt: skip
+                          chunk_tokens=chunk, pace=old.pace, sized_by_pace=old.sized_by_pace,
+                          prompt_pace=old.prompt_pace)  # fmt: skip
     await loop.run_in_executor(None, attach_decode, backend, config.compile)
     return backend
 

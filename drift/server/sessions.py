@@ -226,18 +226,21 @@ class SessionManager:
             outs, donated = [], []
             for pos in range(0, tokens, chunk):
                 stop = min(tokens, pos + chunk)
+                started = time.perf_counter()
                 if batched:
                     mask = req.attention_mask
                     out, named = await self.batcher.step(BatchStep(
                         session.cache, req.position + pos, req.hidden_states[:, pos:stop],
                         None if mask is None else mask[:, pos:stop],
                         _tokens(req.extras, pos, stop), req.donate))  # fmt: skip
-                    outs.append(out)
-                    donated.append(named)
-                    continue
-                outs.append(await self.backend.run_chunk(
-                    functools.partial(self._step_tokens, session, req, pos, stop)))  # fmt: skip
-                donated.append({})  # such a step names no tensors (those run as one unit)
+                else:
+                    out, named = await self.backend.run_chunk(
+                        functools.partial(self._step_tokens, session, req, pos, stop)), {}  # fmt: skip
+                outs.append(out)
+                donated.append(named)  # unbatched: no named tensors (those run as one unit)
+                # units of prompts are sized by how fast they run (SpanBackend.note_prompt_unit)
+                self.backend.note_prompt_unit(req.hidden_states.shape[0], stop - pos,
+                                              time.perf_counter() - started)  # fmt: skip
         finally:
             session.busy = False
             session.last_used = time.monotonic()

@@ -172,3 +172,33 @@ async def test_a_server_sizes_its_units_unless_told(servers, tiny_llama):
     assert backend.chunk_tokens == chunk_tokens_for(backend.pace, 2)
     told = await servers(tiny_llama, 2, 4, chunk_tokens=64)
     assert told.server.backend.chunk_tokens == 64
+
+
+async def test_prompt_units_grow_to_the_pace_prompts_run_at(servers, tiny_llama):
+    """Units of a prompt are sized by the 16-token pace at start, then by how fast prompt units
+    are seen to run; an operator's `chunk_tokens` stays as set. Results stay exact across
+    steps cut into units of different sizes."""
+    running = await servers(tiny_llama, 0, 2)
+    fixed = await servers(tiny_llama, 0, 2, chunk_tokens=64)
+    backend = running.server.backend
+    assert backend.sized_by_pace and not fixed.server.backend.sized_by_pace
+    # as if measured slow: one 64-token unit a second (a tiny model runs one in milliseconds)
+    backend.pace, backend.chunk_tokens, backend.prompt_pace = 64.0 * 2, 64, None
+    x = torch.randn(1, 384, H)
+    async with aiohttp.ClientSession() as http:
+        for r in (running, fixed):
+            with torch.no_grad():
+                want = r.server.backend.span.forward(x)
+            sess = await RawSession.open(http, r.url, r.server.backend.fingerprint, 0, 2,
+                                         max_length=384)  # fmt: skip
+            before = r.server.backend.chunks_run
+            first = await sess.step(x[:, :256], 0)
+            units = r.server.backend.chunks_run - before
+            got = torch.cat([first, await sess.step(x[:, 256:], 256)], dim=1)
+            assert (got - want).abs().max() < 1e-5
+            await sess.ws.close()
+            if r is fixed:
+                assert r.server.backend.chunk_tokens == 64
+    assert backend.prompt_pace is not None and backend.prompt_pace > backend.pace
+    assert backend.chunk_tokens > 64
+    assert units == 4  # the fixed server: 256 tokens in 64-token units
