@@ -9,9 +9,9 @@ many tokens; a streamer stamps each token, so TTFT is the prompt's prefill and f
 decode the median time between the later tokens. Also printed: the tokens each server
 computed during the prefill and in all (its /metrics drift_tokens_total; a prompt crosses
 each server once: prefill == prompt length), whether the tokens equal local's, and the
-servers' summed step time during the prefill (drift_step_latency_seconds_sum: from a step's
-arrival to its reply, so TTFT minus it is the client's and the wire's share when the
-servers take chunks in turn).
+servers' summed step time during the prefill and per decode step (drift_step_latency_
+seconds_sum: from a step's arrival to its reply, so TTFT minus it is the client's and the
+wire's share when the servers take chunks in turn).
 
     PYTHONPATH=. python scripts/bench_context.py --lengths 128,1024,4096
 """
@@ -140,7 +140,9 @@ def main() -> None:
                                  [p[0] - b[0] for p, b in zip(prefill, before, strict=True)],
                                  [a[0] - b[0] for a, b in zip(after, before, strict=True)],
                                  ltok == dtok,
-                                 sum(p[1] - b[1] for p, b in zip(prefill, before, strict=True))))  # fmt: skip
+                                 sum(p[1] - b[1] for p, b in zip(prefill, before, strict=True)),
+                                 sum(a[1] - p[1] for a, p in zip(after, prefill, strict=True))
+                                 / max(args.new - 1, 1)))  # fmt: skip
                     print(rows[-1], flush=True)
         finally:
             if model is not None:
@@ -151,14 +153,15 @@ def main() -> None:
     print(
         "| prompt tokens | local TTFT | DRIFT TTFT | TTFT ratio | local s/token | DRIFT s/token "
         "| decode speed vs local | tokens each server computed: prefill / all | same tokens "
-        "| servers' summed step time in the prefill |"
+        "| servers' summed step time in the prefill | the same, per decode step |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for length, lt, dt, ls, ds, pre, total, same, served in rows:
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for length, lt, dt, ls, ds, pre, total, same, served, served_step in rows:
         counts = ", ".join(f"{p} / {t}" for p, t in zip(pre, total, strict=True))
         print(
             f"| {length:,} | {lt:.2f} s | {dt:.2f} s | {dt / lt:.2f}x | {ls:.3f} | {ds:.3f} "
-            f"| {ls / ds:.2f}x | {counts} | {'yes' if same else 'NO'} | {served:.2f} s |"
+            f"| {ls / ds:.2f}x | {counts} | {'yes' if same else 'NO'} | {served:.2f} s "
+            f"| {served_step:.3f} s |"
         )
 
 
