@@ -7,6 +7,8 @@ import logging
 
 import pytest
 
+from tests.cluster.conftest import box_model, box_ok  # noqa: F401  (the box tests' fixtures)
+
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
