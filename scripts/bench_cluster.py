@@ -190,6 +190,8 @@ def churn(args: argparse.Namespace, box: Box, model: Any, ids: torch.Tensor, ref
         events["joined"] = (new.name, f"[{span.group(1)}, {span.group(2)})",
                             time.perf_counter() - t0)  # fmt: skip
 
+    killed: list[Any] = []
+
     def kill() -> None:
         used = {span.hop.peer_id for span in model._owned[0].session.spans}
         live = servers(token)
@@ -197,6 +199,7 @@ def churn(args: argparse.Namespace, box: Box, model: Any, ids: torch.Tensor, ref
             rest = [x for x in live if x.peer_id != r.peer_id]
             if r.peer_id in used and r.peer_id in machine_of and covered(rest, n_blocks):
                 machine_of[r.peer_id].kill()
+                killed.append(machine_of[r.peer_id])
                 events["killed"] = (machine_of[r.peer_id].name, r.span)
                 return
 
@@ -214,7 +217,11 @@ def churn(args: argparse.Namespace, box: Box, model: Any, ids: torch.Tensor, ref
     out = model.generate(ids, max_new_tokens=args.new_tokens, do_sample=False,
                          logits_processor=hooks)  # fmt: skip
     steps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
-    events.update(same=torch.equal(out, ref), after={r.peer_id: r.span for r in servers(token)},
+    # read from a machine still up: the one killed may be the seed the token names
+    alive = [found.group(1) for m in box.machines if m not in killed for proc in m.procs
+             if (found := JOIN_RE.search(proc.output()))]  # fmt: skip
+    reader = parse_join_token(alive[0]) if alive else token
+    events.update(same=torch.equal(out, ref), after={r.peer_id: r.span for r in servers(reader)},
                   steps=steps)  # fmt: skip
     return events
 
