@@ -45,12 +45,17 @@ asyncio.run(main())
 """
 
 
-def test_the_servers_event_loop_thread_holds_no_openmp_pool() -> None:
+def _probe(source: str, words: int) -> list[str]:
+    """The last `words` words a probe printed, run in a process with 2 compute threads."""
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
-    done = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-c", source], env=env, capture_output=True,
                           text=True, timeout=180, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    busy, idle, again, same = done.stdout.split()[-4:]
+    return done.stdout.split()[-words:]
+
+
+def test_the_servers_event_loop_thread_holds_no_openmp_pool() -> None:
+    busy, idle, again, same = _probe(_PROBE, 4)
     assert same == "True"
     # the reduction's worker exists, is gone after a housekeeping tick, and comes back for
     # the next reduction
@@ -100,10 +105,6 @@ asyncio.run(main())
 
 
 def test_a_long_step_gives_the_event_loop_thread_no_openmp_pool() -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "2"}
-    done = subprocess.run([sys.executable, "-c", _STEP_PROBE], env=env, capture_output=True,
-                          text=True, timeout=180, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    before, after, whole = done.stdout.split()[-3:]
+    before, after, whole = _probe(_STEP_PROBE, 3)
     assert whole == "True"
     assert int(after) == int(before), (before, after)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from drift.identity import Identity
@@ -39,3 +44,20 @@ def make_record(
         )
     fields.update(extra)
     return sign_record(ident, fields)
+
+
+def previous_record_module(commit: str, tmp_path: Path, lacks: str) -> ModuleType:
+    """drift/swarm/record.py as of `commit` (a version before a field; its source must not
+    contain `lacks`), loaded beside this one, to check what older peers make of new records."""
+    src = subprocess.run(["git", "show", f"{commit}:drift/swarm/record.py"], capture_output=True,
+                         text=True, check=True, cwd=Path(__file__).parents[2]).stdout  # fmt: skip
+    assert lacks not in src
+    name = f"record_at_{commit}"
+    path = tmp_path / f"{name}.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -3,9 +3,6 @@ decode, absent from records that do not set it, and kept by peers that predate i
 
 from __future__ import annotations
 
-import importlib.util
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,6 +11,7 @@ import pytest
 from drift.identity.keys import Identity
 from drift.swarm.record import PeerRecord, default_fields, sign_record
 from drift.wire.errors import BadRequest
+from tests.swarm.swarm_helpers import previous_record_module
 
 
 def _fields(ident: Identity) -> dict:
@@ -35,16 +33,7 @@ def test_compute_round_trips_signed_and_is_checked() -> None:
 
 
 def test_a_peer_of_the_previous_version_keeps_and_verifies_it(tmp_path: Path) -> None:
-    src = subprocess.run(["git", "show", "4afc6c6:drift/swarm/record.py"], capture_output=True,
-                         text=True, check=True, cwd=Path(__file__).parents[2]).stdout  # fmt: skip
-    assert "COMPUTE_FIELD" not in src and '"compute"' not in src
-    path = tmp_path / "old_record_compute.py"
-    path.write_text(src)
-    spec = importlib.util.spec_from_file_location("old_record_compute", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["old_record_compute"] = module
-    spec.loader.exec_module(module)
+    module = previous_record_module("4afc6c6", tmp_path, lacks="COMPUTE_FIELD")
     ident = Identity.generate()
     record = sign_record(ident, {**_fields(ident), "compute": "0123456789abcdef"})
     old = module.PeerRecord.from_wire(record.to_wire())
