@@ -36,7 +36,7 @@ async def test_headroom_past_a_servers_limit_is_given_up(tiny_dirs, swarms, sdk_
     assert torch.equal(await asyncio.to_thread(_generate, model, fits), ref)
     assert (fits.max_length, fits.headroom) == (32, 0)
     assert sent[0][1]  # its first step went before the opens were answered
-    fits.close()
+    await asyncio.to_thread(fits.close)  # off this loop: the servers answer the close on it
 
     sent.clear()
     past = model.open_session(max_length=12 + 40, headroom=40)  # 52: past the limit
@@ -44,12 +44,12 @@ async def test_headroom_past_a_servers_limit_is_given_up(tiny_dirs, swarms, sdk_
     assert (past.max_length, past.headroom) == (12, 0)  # opened without the headroom
     assert sent[0][1] and not sent[-1][1]  # sent with the opens, refused, sent again
     assert not model.client.bans.banned()  # a length refused is no fault of the server's
-    past.close()
+    await asyncio.to_thread(past.close)  # off this loop: the servers answer the close on it
 
     without = model.open_session(max_length=52)  # no headroom to give up: the refusal rises
     with pytest.raises(LengthExceeded):
         await asyncio.to_thread(_generate, model, without)
-    without.close()
+    await asyncio.to_thread(without.close)  # off this loop: the servers answer the close on it
 
 
 async def test_make_room_is_asked_before_the_headroom_goes(tiny_dirs, swarms, sdk_models):
@@ -84,12 +84,12 @@ async def test_make_room_is_asked_before_the_headroom_goes(tiny_dirs, swarms, sd
     assert torch.equal(await asyncio.to_thread(_generate, model, third), ref)
     assert asked == ["nothing"] and third.max_length == 10  # room made first, then headroom
     assert not model.client.bans.banned()
-    third.close()
+    await asyncio.to_thread(third.close)  # off this loop: the servers answer the close on it
 
     asked.clear()
     fourth = model.open_session(max_length=50, make_room=nothing)  # no headroom, no room
     with pytest.raises(CacheFull):
         await asyncio.to_thread(_generate, model, fourth)
     assert asked == ["nothing"]
-    fourth.close()
-    second.close()
+    await asyncio.to_thread(fourth.close)  # off this loop: the servers answer the close on it
+    await asyncio.to_thread(second.close)  # off this loop: the servers answer the close on it
