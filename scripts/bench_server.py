@@ -25,6 +25,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from drift.server.backend import SpanBackend  # noqa: E402
 from drift.server.sessions import SessionManager  # noqa: E402
 from tests.server.harness import start_block_server  # noqa: E402
 from tests.server.wsclient import RawSession  # noqa: E402
@@ -48,8 +49,11 @@ class StepTimers:
 
     def __init__(self) -> None:
         self.step: list[float] = []  # SessionManager.step: checks + executor round trip
-        self.compute: list[float] = []  # SessionManager._step on the compute thread
+        # the step's work on the compute thread: SpanBackend.run_steps (plain steps, batched)
+        # or SessionManager._step (the rest)
+        self.compute: list[float] = []
         orig_step, orig_compute = SessionManager.step, SessionManager._step
+        orig_steps = SpanBackend.run_steps
 
         async def step(manager: Any, sid: str, req: Any) -> Any:
             t0 = time.perf_counter()
@@ -61,12 +65,20 @@ class StepTimers:
         def compute(manager: Any, *args: Any) -> Any:
             t0 = time.perf_counter()
             try:
-                return orig_compute(*args)
+                return orig_compute(manager, *args)
+            finally:
+                self.compute.append(time.perf_counter() - t0)
+
+        def run_steps(backend: Any, steps: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return orig_steps(backend, steps)
             finally:
                 self.compute.append(time.perf_counter() - t0)
 
         SessionManager.step = step  # type: ignore[method-assign]
         SessionManager._step = compute  # type: ignore[method-assign]
+        SpanBackend.run_steps = run_steps  # type: ignore[method-assign]
 
 
 async def bench(model: str, start: int, end: int, prompt: int, steps: int) -> None:

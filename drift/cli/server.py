@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 from pathlib import Path
 
 from drift.cli._exits import usage_errors
@@ -28,7 +29,7 @@ from drift.cli.procs import RecordHandle, exit_on_sigterm, process_record
 from drift.identity import Identity
 from drift.node import MembershipNode, NodeConfig, RunningApp, build_node_app, run_node
 from drift.paths import resolve_cache_dir
-from drift.server.config import ServerConfig, parse_adapters
+from drift.server.config import ServerConfig, parse_adapters, parse_decode_threads
 from drift.swarm import PeerRecord, parse_span
 from drift.swarm.reader import read_swarm_blocking
 from drift.wire.errors import BadRequest
@@ -127,6 +128,14 @@ def add_server_options(p: argparse.ArgumentParser, *, num_blocks_default: str = 
         "everywhere (at start-up; a CPU needs a C++ compiler) (default: auto)",
     )
     p.add_argument(
+        "--decode_threads",
+        default="auto",
+        help="torch threads of decode steps (one token per session): auto = the faster of "
+        "torch's own count and 1, timed after pauses at start-up on a CPU (a pipeline's "
+        "steps follow pauses, and some schedulers then run a team's threads on one core); "
+        "torch's own where OMP_NUM_THREADS is set; or a number (default: auto)",
+    )
+    p.add_argument(
         "--adapters",
         nargs="+",
         default=[],
@@ -171,6 +180,10 @@ def server_config_from_args(args: argparse.Namespace, *, num_blocks: int | None 
         raise BadRequest(f"--adapters: {exc}") from exc
     if not 0 <= args.batch_wait_ms <= 1000:
         raise BadRequest("--batch_wait_ms must be in [0, 1000]")
+    try:
+        decode_threads = parse_decode_threads(args.decode_threads, os.environ)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from exc
     return ServerConfig(
         model=args.model, start_block=start, end_block=end,
         num_blocks=args.num_blocks if num_blocks is None else num_blocks,
@@ -183,7 +196,7 @@ def server_config_from_args(args: argparse.Namespace, *, num_blocks: int | None 
         max_body_bytes=int(args.max_body_mb * (1 << 20)), throughput=args.throughput,
         cache_dir=cache_dir or resolve_cache_dir(args.cache_dir), quant_type=args.quant_type,
         adapters=adapters,
-        batch_wait_ms=args.batch_wait_ms, compile=args.compile,
+        batch_wait_ms=args.batch_wait_ms, compile=args.compile, decode_threads=decode_threads,
     )  # fmt: skip
 
 

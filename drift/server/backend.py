@@ -19,6 +19,7 @@ import torch
 
 from drift.models.batch import BatchStep, StepOut, run_steps
 from drift.models.memory import trim_heap
+from drift.models.threads import threads
 from drift.server.chunks import (
     MIN_CHUNK_TOKENS,
     chunk_tokens_for,
@@ -66,6 +67,9 @@ class SpanBackend:
         # drift.server.compiled.attach_decode, with what /blocks shows of it.
         self.decode: Any = None
         self.decode_status: dict[str, Any] = {"mode": "eager", "reason": "--compile off"}
+        # torch threads plain decode steps run on (drift.server.decode_threads), set at
+        # start-up; None: torch's own, as prompts
+        self.decode_threads: int | None = None
         # One worker per device: torch work never blocks the event loop, and runs in order.
         self.executor = ComputeThread()
         self.unloaded: str | None = None  # why compute is refused: the weights were freed
@@ -150,14 +154,20 @@ class SpanBackend:
         return await self.run(fn)
 
     def run_steps(self, steps: list[BatchStep]) -> list[StepOut]:
-        """Batched steps of sessions (drift.server.batcher), on the compute thread: the decode
-        unit where it takes them, else drift.models.batch."""
+        """Batched steps of sessions (drift.server.batcher), on the compute thread; plain
+        decode steps (one token each) on `decode_threads`."""
+        decoding = all(int(s.hidden.shape[1]) == 1 for s in steps)
         try:
-            if self.decode is not None and self.decode.takes(steps):
-                return [(out, {}) for out in self.decode.run(steps)]
-            return run_steps(steps)
+            with threads(self.decode_threads if decoding else None):
+                return self.compute_steps(steps)
         finally:
             self._release_freed(steps)
+
+    def compute_steps(self, steps: list[BatchStep]) -> list[StepOut]:
+        """(Compute thread) The decode unit where it takes `steps`, else drift.models.batch."""
+        if self.decode is not None and self.decode.takes(steps):
+            return [(out, {}) for out in self.decode.run(steps)]
+        return run_steps(steps)
 
     def _release_freed(self, steps: list[BatchStep]) -> None:
         """(Compute thread) Hand freed heap memory back to the OS after steps with a prompt

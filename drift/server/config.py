@@ -6,7 +6,7 @@ environment or touches torch.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +59,10 @@ class ServerConfig:
     # transformers; auto = the lean step (static KV room, layers called directly), compiled by
     # torch.compile on accelerators; on = compiled everywhere (a CPU needs a C++ compiler)
     compile: str = "auto"
+    # torch threads plain decode steps run on: None = the faster of torch's own count and 1,
+    # timed after pauses at start-up on a CPU (drift.server.decode_threads); 0 = torch's own
+    # (OMP_NUM_THREADS where set); N = N
+    decode_threads: int | None = None
     # LoRA adapters served beside the base blocks: (name, peft adapter directory or Hub id)
     adapters: tuple[tuple[str, str], ...] = ()
 
@@ -75,3 +79,18 @@ def parse_adapters(values: Iterable[str]) -> tuple[tuple[str, str], ...]:
         pairs.append((name, source))
     check_adapter_names(name for name, _ in pairs)
     return tuple(pairs)
+
+
+def parse_decode_threads(value: str, environ: Mapping[str, str]) -> int | None:
+    """ServerConfig.decode_threads from `--decode_threads` (auto or a count >= 1;
+    ValueError if not): auto is None (measured), or 0 (torch's own) where the operator set
+    OMP_NUM_THREADS in `environ`."""
+    if value == "auto":
+        return 0 if environ.get("OMP_NUM_THREADS", "").strip() else None
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise ValueError(f"--decode_threads {value!r}: use auto or a number of threads >= 1")
+    return count

@@ -42,13 +42,14 @@ async def start_block_server(
 ) -> RunningServer:  # fmt: skip
     """A real server for blocks [start_block, end_block) of the checkpoint at model_dir.
 
-    `overrides` are ServerConfig fields (throughput defaults to 100 to skip the benchmark),
+    `overrides` are ServerConfig fields (throughput defaults to 100 to skip the benchmark;
+    decode steps keep torch's threads: this process's torch is the test's too),
     `node` NodeConfig fields; `parts_cache`: also serve the client parts (drift.server.parts),
     prepared under that dir, as `drift server` does.
     """
     config = ServerConfig(
         model=str(model_dir), start_block=start_block, end_block=end_block, device="cpu",
-        throughput=100.0,
+        throughput=100.0, decode_threads=0,
     )  # fmt: skip
     config = dataclasses.replace(config, **overrides)
     server = load_server(config)
