@@ -31,6 +31,7 @@ from transformers import LogitsProcessorList
 
 from drift.api.engine import BatchRow, CausalLMEngine, OpenedSessions
 from drift.api.sampling import LogprobRecorder
+from drift.models.threads import threads
 
 GATHER_S = 0.005  # an idle loop waits this long after each request for another to come
 GATHER_CAP_S = 0.02  # and at most this long in all
@@ -117,6 +118,12 @@ class ContinuousBatcher:
 
     # -- the loop ------------------------------------------------------------------------
     def _loop(self) -> None:
+        # the head and sampling on the torch threads the SDK chose for generate() (drift.client.
+        # head_threads): the same burst after a wait for the servers, every step
+        with threads(getattr(self.engine.model, "generate_threads", None)):
+            self._run()
+
+    def _run(self) -> None:
         while True:
             with self._cv:
                 while not self._closed and not self._queue and not self._groups:

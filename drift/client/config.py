@@ -32,6 +32,9 @@ class ClientConfig:
     rtt_default_s: float = 0.01  # assumed round trip for a server not measured yet
     cache_penalty_s: float = 10.0  # added latency for a server short of KV-cache room
     push: bool = True  # inference steps go server to server (drift.wire.push), not via us
+    # torch threads generate() runs on (the head, sampling: drift.client.head_threads): None =
+    # the faster of torch's own count and 1, timed at load on a CPU; 0 = torch's own; N = N
+    generate_threads: int | None = None
     # activations on the wire (steps, /forward, /backward; replies come back alike): None as
     # computed, or float16 | bfloat16 | int8 (blockwise absmax), see drift.wire.compress
     wire_dtype: str | None = None

@@ -30,6 +30,7 @@ from transformers.utils.deprecation import deprecate_kwarg
 from drift.client.backbone import DistributedBaseModel, ThreadCalls
 from drift.client.cache import RemoteCache
 from drift.client.chain import MakeRoom
+from drift.client.head_threads import generate_threads
 from drift.client.loading import load_parts, open_client_model
 from drift.client.lora import ClientLora, client_lora
 from drift.client.pretrained_args import apply_overrides, check_config, drop_ignored
@@ -38,6 +39,7 @@ from drift.client.remote import RemoteClient
 from drift.client.sequential import RemoteSequential
 from drift.client.session import InferenceSession
 from drift.client.shared_head import SharedHead
+from drift.models.threads import threads
 
 if TYPE_CHECKING:
     from drift.models.head import ClientHead
@@ -56,6 +58,10 @@ class DistributedPreTrainedModel(PreTrainedModel):
         self.head = head
         self.shared_head = SharedHead(head)  # concurrent generate() calls share its weights' read
         self.client = client
+        # torch threads generate() runs on (None: torch's own), set by from_pretrained
+        # (drift.client.head_threads), and the seconds it measured
+        self.generate_threads: int | None = None
+        self.generate_threads_s: dict[int, float] = {}
         self.num_blocks = _num_blocks(self.config)
         self.base_model_name = str(ckpt.name)  # what a saved LoRA adapter names as its base
         client.adapter_of = functools.partial(getattr, self.config, "active_adapter", None)
@@ -118,7 +124,11 @@ class DistributedPreTrainedModel(PreTrainedModel):
             model.generation_config = GenerationConfig.from_pretrained(ckpt.path)
         # transformers wraps PreTrainedModel.to in functools.wraps(nn.Module.to), whose stub
         # loses the binding and asks for `self` as the first argument
-        return model.to(head.embed_tokens.weight.device, torch_dt).eval()  # type: ignore[arg-type]
+        model = model.to(head.embed_tokens.weight.device, torch_dt).eval()  # type: ignore[arg-type]
+        model.generate_threads, model.generate_threads_s = generate_threads(
+            head, client, client.config.generate_threads
+        )  # fmt: skip
+        return model
 
     def _load_extra(self, ckpt: Any, dtype: torch.dtype) -> None:
         """Hook for heads beyond ClientHead (e.g. a classifier)."""
@@ -354,7 +364,8 @@ class DistributedModelForCausalLM(DistributedPreTrainedModel, GenerationMixin):
             kwargs["cache"] = active
         outer, self._calls.owned = self._calls.owned, []
         try:
-            out = super().generate(inputs, *args, **kwargs)
+            with threads(self.generate_threads):  # drift.client.head_threads
+                out = super().generate(inputs, *args, **kwargs)
         finally:
             owned, self._calls.owned = self._calls.owned, outer
             for cache in owned:  # the servers' replies to the close are not waited for
