@@ -65,6 +65,25 @@ class RemoteCache(Cache):
             m if self.attention_mask is None else torch.cat([self.attention_mask, m], 1)
         )
 
+    def resume_inputs(self, inputs: torch.Tensor | None, kwargs: dict) -> tuple:
+        """Full input ids (and kwargs, the mask completed) for a generate() call that
+        continues this session: the tokens it consumed, then `inputs`' new ones."""
+        history = self.last_sequences if self.last_sequences is not None else self.token_ids
+        if inputs is None:
+            if history is None:
+                raise ValueError("this session began from inputs_embeds: give generate() input ids")
+            inputs = history
+        elif history is not None:
+            history = history.to(inputs.device)
+            if not (inputs.shape[1] >= history.shape[1]
+                    and torch.equal(inputs[:, : history.shape[1]], history)):  # fmt: skip
+                inputs = torch.cat([history, inputs], dim=1)  # new tokens appended
+        if self.attention_mask is not None and kwargs.get("attention_mask") is None:
+            seen = self.attention_mask.to(inputs.device)
+            extra = inputs.shape[1] - seen.shape[1]
+            kwargs["attention_mask"] = torch.cat([seen, seen.new_ones(seen.shape[0], extra)], dim=1)
+        return inputs, kwargs
+
     def reset(self) -> None:
         self.crop(-self.get_seq_length())
 

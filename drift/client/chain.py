@@ -58,8 +58,7 @@ class SpanState:
     lora_sent: bool = False  # the session's LoRA weights went with a step on this socket
 
 
-# where no server covering a span has room: frees some (its owner's idle sessions closed)
-# and says whether it did
+# no server over a span has room: free some (the owner's idle sessions) and say if it did
 MakeRoom = Callable[[], Awaitable[bool]]
 
 

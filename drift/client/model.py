@@ -360,7 +360,7 @@ class DistributedModelForCausalLM(DistributedPreTrainedModel, GenerationMixin):
         passed = 0 if inputs is None else inputs.shape[1]
         if active is not None:
             if active.session.position > 0:
-                inputs, kwargs = _resume_inputs(active, inputs, kwargs)
+                inputs, kwargs = active.resume_inputs(inputs, kwargs)
             kwargs["cache"] = active
         outer, self._calls.owned = self._calls.owned, []
         try:
@@ -388,22 +388,3 @@ def _kept(hidden: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Ten
     if isinstance(logits_to_keep, int):
         return hidden[:, -logits_to_keep:] if logits_to_keep > 0 else hidden
     return hidden[:, logits_to_keep]
-
-
-def _resume_inputs(active: RemoteCache, inputs: torch.Tensor | None, kwargs: dict) -> tuple:
-    """Full input ids for a generate() call that continues an active session."""
-    history = active.last_sequences if active.last_sequences is not None else active.token_ids
-    if inputs is None:
-        if history is None:
-            raise ValueError("this session began from inputs_embeds: give generate() input ids")
-        inputs = history
-    elif history is not None:
-        history = history.to(inputs.device)
-        if not (inputs.shape[1] >= history.shape[1]
-                and torch.equal(inputs[:, : history.shape[1]], history)):  # fmt: skip
-            inputs = torch.cat([history, inputs], dim=1)  # new tokens appended
-    if active.attention_mask is not None and kwargs.get("attention_mask") is None:
-        seen = active.attention_mask.to(inputs.device)
-        extra = inputs.shape[1] - seen.shape[1]
-        kwargs["attention_mask"] = torch.cat([seen, seen.new_ones(seen.shape[0], extra)], dim=1)
-    return inputs, kwargs

@@ -103,11 +103,16 @@ class SpanBackend:
         seen = rows * tokens * self.n_blocks / seconds
         pace = seen if self.prompt_pace is None else (self.prompt_pace + seen) / 2
         self.prompt_pace = pace
-        chunk = chunk_tokens_for(max(pace, self.pace or 0.0), self.n_blocks)
+        chunk = self.sized_chunk(self.n_blocks)
         if chunk != self.chunk_tokens:
             log.info("prompt units now %d tokens (prompts ran at %.0f block-tokens/s)",
                      chunk, pace)  # fmt: skip
             self.chunk_tokens = chunk
+
+    def sized_chunk(self, n_blocks: int) -> int:
+        """Tokens of a unit over `n_blocks` blocks at the pace units run at: the larger of the
+        measured pace and the one prompts ran at (`note_prompt_unit`)."""
+        return chunk_tokens_for(max(self.pace or 0.0, self.prompt_pace or 0.0), n_blocks)
 
     def extra_spec(self, start_block: int, end_block: int) -> ExtraSpec:
         """What a request for [start_block, end_block) carries beside hidden_states (Gemma 4):

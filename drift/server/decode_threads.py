@@ -15,7 +15,9 @@ So, unless the operator chose (`--decode_threads N`, or OMP_NUM_THREADS), a CPU 
 times decode steps after pauses on torch's thread count and on one thread, interleaved,
 and keeps torch's count only where it is clearly faster (`choose`); SmolLM2's 15 blocks
 here took 24-26 ms a step either way. Only plain decode steps run on the choice
-(`SpanBackend.run_steps`); prompts keep every thread: a long unit keeps its team busy.
+(`SpanBackend.run_steps`); prompts keep every thread, even short ones: with a 5-token
+prompt the team paid (time to first token through 2 servers 76 ms with prompt steps on 2
+threads, 88 ms on 1; local transformers 70).
 """
 
 from __future__ import annotations

@@ -24,7 +24,6 @@ from drift.models.checkpoint import Checkpoint, open_checkpoint
 from drift.models.span import ModelSpan
 from drift.server.adapters import load_adapters
 from drift.server.backend import SpanBackend
-from drift.server.chunks import chunk_tokens_for
 from drift.server.compiled import attach_decode
 from drift.server.config import ServerConfig
 from drift.server.runtime import SpanRuntime
@@ -88,13 +87,17 @@ async def _load_backend(old: SpanBackend, config: ServerConfig, ckpt: Checkpoint
     span = await loop.run_in_executor(None, _load, config, old, ckpt, start_block, end_block)
     chunk = old.chunk_tokens  # the same pace per block: units sized for the new span's length
     if old.sized_by_pace and old.pace is not None:
-        chunk = chunk_tokens_for(max(old.pace, old.prompt_pace or 0.0), end_block - start_block)
+        chunk = old.sized_chunk(end_block - start_block)
     backend = SpanBackend(span, model_name=old.model_name, fingerprint=old.fingerprint,
                           max_batch_size=old.max_batch_size, quant=old.quant,
                           max_request_tokens=old.max_request_tokens,
                           chunk_tokens=chunk, pace=old.pace, sized_by_pace=old.sized_by_pace,
                           prompt_pace=old.prompt_pace)  # fmt: skip
     await loop.run_in_executor(None, attach_decode, backend, config.compile)
+    # decode steps' threads as measured at start-up (the old span computes beside a new
+    # measurement: it would time both)
+    backend.decode_threads = old.decode_threads
+    backend.decode_status |= {k: v for k, v in old.decode_status.items() if k.startswith("threads")}
     return backend
 
 

@@ -233,11 +233,11 @@ class SessionManager:
                         session.cache, req.position + pos, req.hidden_states[:, pos:stop],
                         None if mask is None else mask[:, pos:stop],
                         _tokens(req.extras, pos, stop), req.donate))  # fmt: skip
-                else:
+                else:  # unbatched: no named tensors (those run as one unit)
                     out, named = await self.backend.run_chunk(
                         functools.partial(self._step_tokens, session, req, pos, stop)), {}  # fmt: skip
                 outs.append(out)
-                donated.append(named)  # unbatched: no named tensors (those run as one unit)
+                donated.append(named)
                 # units of prompts are sized by how fast they run (SpanBackend.note_prompt_unit)
                 self.backend.note_prompt_unit(req.hidden_states.shape[0], stop - pos,
                                               time.perf_counter() - started)  # fmt: skip

@@ -73,8 +73,8 @@ async def test_a_fork_answers_as_each_whole_prompt_through_a_failover(tiny_dirs,
                                         use_cache=True).logits[:, -1])  # fmt: skip
     assert forked.failovers >= 1
     assert source.position == PREFIX + 2
-    forked.close()
-    source.close()
+    await asyncio.to_thread(forked.close)  # off this loop: the in-process servers run on it
+    await asyncio.to_thread(source.close)
 
 
 async def test_forks_that_cannot_be_are_refused(tiny_dirs, swarm_model):

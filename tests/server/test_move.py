@@ -34,7 +34,7 @@ async def own_record(http, running):
 
 @pytest.mark.timeout(120)
 async def test_move_drains_live_session_then_serves_new_span(servers, tiny_llama):
-    running = await servers(tiny_llama, 0, 2)
+    running = await servers(tiny_llama, 0, 2, decode_threads=1)
     server, url = running.server, running.url
     fp = server.backend.fingerprint
     ref = load_reference(tiny_llama)
@@ -68,6 +68,7 @@ async def test_move_drains_live_session_then_serves_new_span(servers, tiny_llama
         async with http.get(f"{url}/blocks") as resp:
             info = await resp.json()
         assert (info["start_block"], info["end_block"], info["active_sessions"]) == (2, 4, 0)
+        assert server.backend.decode_threads == 1 == info["decode"]["threads"]  # kept
         assert info["cache_block_tokens_total"] == 2 * server.config.attn_cache_tokens
         record = await own_record(http, running)
         assert (record["start_block"], record["end_block"], record["state"]) == (2, 4, "online")
