@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import re
+import shlex
 import statistics
 import sys
 import tempfile
@@ -99,6 +101,8 @@ def main() -> None:
                         "it) or a number (default: default)")  # fmt: skip
     parser.add_argument("--prefill_chunk_tokens", type=int, default=None,
                         help="the client's prefill chunk (default: ClientConfig's)")  # fmt: skip
+    parser.add_argument("--server_args", default="",
+                        help="more `drift server` flags for both servers, e.g. '--decode_threads 2'")  # fmt: skip
     args = parser.parse_args()
     config = ClientConfig()
     if args.prefill_chunk_tokens is not None:
@@ -113,7 +117,8 @@ def main() -> None:
     n = int(ckpt.config.get_text_config().num_hidden_layers)
     vocab = int(ckpt.config.get_text_config().vocab_size)
     room = max(lengths) + args.new + 64
-    flags = ("--inference_max_length", str(room), "--attn_cache_tokens", str(max(8192, room)))
+    flags = ("--inference_max_length", str(room), "--attn_cache_tokens", str(max(8192, room)),
+             *shlex.split(args.server_args))  # fmt: skip
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         procs = ServerProcs(str(ckpt.path), [(0, n // 2), (n // 2, n)], Path(tmp), flags,
@@ -123,6 +128,15 @@ def main() -> None:
             model = AutoDistributedModelForCausalLM.from_pretrained(
                 ckpt.path, initial_peers=procs.token, client_config=config)  # fmt: skip
             wait_covered(model, n)
+            print(
+                "client generate() threads:",
+                model.generate_threads or "torch's own",
+                {k: round(v * 1e3, 2) for k, v in model.generate_threads_s.items()},
+                flush=True,
+            )
+            for url in procs.urls:
+                with urllib.request.urlopen(f"{url}/blocks", timeout=10) as resp:
+                    print(url, "decode:", json.loads(resp.read())["decode"], flush=True)
             warm = torch.randint(0, vocab, (1, 32), generator=torch.Generator().manual_seed(1))
             timed(model, warm, 3)
             timed(local, warm, 3)
