@@ -157,3 +157,15 @@ async def web_apps(sdk_models):
         yield started
     finally:
         await started.cleanup_all()
+
+
+@pytest.fixture
+def two_threads():
+    """torch on 2 threads on the test's thread (restored after), whatever this machine's
+    default: thread counts chosen by timing (drift.models.threads) have two to choose from."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)

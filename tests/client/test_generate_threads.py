@@ -6,20 +6,11 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from drift.client import ClientConfig
 from tests.server.reference import load_reference
-
-
-@pytest.fixture
-def two_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
 
 
 class _Threads(LogitsProcessor):

@@ -10,6 +10,7 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, LogitsProcessorList
 
+from drift.server.chunks import chunk_tokens_for
 from tests.client.faults import AtStep
 
 
@@ -65,8 +66,11 @@ async def test_frozen_server_is_left_within_a_few_step_times(tiny_dirs, swarm_mo
 def slow_down(backend, per_token_s: float) -> None:
     """Make `backend` a slow but healthy server: every forward sleeps `per_token_s` per
     token it computes (its span's layers and its batched steps alike), and its measured
-    pace says so (what a server this slow would have measured at its start)."""
+    pace says so, and its units of work are sized to it (what a server this slow would have
+    measured and sized at its start: sized to the fast pace, a unit ran 8x longer than the
+    pace says once prompts resized it, and /compute called it frozen)."""
     backend.pace = backend.n_blocks / per_token_s
+    backend.chunk_tokens = chunk_tokens_for(backend.pace, backend.n_blocks)
 
     def paced(run, tokens):
         def slow(*args, **kwargs):

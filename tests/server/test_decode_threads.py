@@ -15,15 +15,6 @@ from tests.server.harness import start_block_server
 from tests.server.wsclient import RawSession
 
 
-@pytest.fixture
-def two_threads():
-    """torch on 2 threads in this test (restored after), whatever this machine's default."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
 def _sleeps(seconds_on: dict[int, float]):
     """A fake decode step taking `seconds_on[n]` on n torch threads."""
 
