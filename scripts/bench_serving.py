@@ -10,7 +10,11 @@ from --input_len/--output_len with their --*_spread (seeded by --seed), so every
 every server gets the same requests. At temperature 0 each answer is compared with the
 first load's answer to the same request ("same" column): run `concurrency:1` first and that
 is each request's solo answer. Output tokens are the server's usage
-(stream_options.include_usage), else the text chunks received.
+(stream_options.include_usage), else the text chunks received. "bound" is the most tokens/s
+the load's arrivals allow: had every request taken only its time in the first load (alone,
+with `concurrency:1` first) from when it was sent (serving_stats.solo_bound); "x bound" is
+how much of it the server reached. Requests spread over time cap throughput whatever the
+server does: 8 requests one every 0.5 s end no sooner than 3.5 s plus the last one's own time.
 
     python scripts/bench_serving.py --url http://127.0.0.1:8000 --api_key KEY \\
         --loads concurrency:1 rate:inf interval:0.5 --num_requests 8 --output_len 32
@@ -44,6 +48,7 @@ from serving_stats import (  # noqa: E402
     lengths,
     parse_load,
     prompt_text,
+    solo_bound,
     summarize,
 )
 
@@ -163,7 +168,7 @@ def same_count(outcomes: list[Outcome], baseline: list[Outcome]) -> str:
 
 HEADER = (f"{'load':>16} {'sent':>4} {'ok':>4} {'err':>4} {'wall s':>7} {'req/s':>6} "
           f"{'tok/s':>7} {'x first':>7} {'TTFT p50/p90/p99 ms':>20} "
-          f"{'TPOT p50/p90/p99 ms':>20} {'same':>5}")  # fmt: skip
+          f"{'TPOT p50/p90/p99 ms':>20} {'same':>5} {'bound':>6} {'x bound':>7}")  # fmt: skip
 
 
 def row(label: str, s: dict, base: dict | None, same: str) -> str:
@@ -172,9 +177,17 @@ def row(label: str, s: dict, base: dict | None, same: str) -> str:
                         for q in (50, 90, 99))  # fmt: skip
 
     ratio = s["output_tokens_per_s"] / base["output_tokens_per_s"] if base else 1.0
+    bound = s["bound_tokens_per_s"]
+    of_bound = s["output_tokens_per_s"] / bound if bound > 0 else math.nan
     return (f"{label:>16} {s['requests']:>4} {s['completed']:>4} {s['errors']:>4} "
             f"{s['wall_s']:>7.2f} {s['requests_per_s']:>6.2f} {s['output_tokens_per_s']:>7.1f} "
-            f"{ratio:>6.2f}x {trio('ttft_ms'):>20} {trio('tpot_ms'):>20} {same:>5}")  # fmt: skip
+            f"{ratio:>6.2f}x {trio('ttft_ms'):>20} {trio('tpot_ms'):>20} {same:>5} "
+            f"{_num(s['bound_tokens_per_s'], '.1f'):>6} "
+            f"{_num(of_bound, '.2f'):>6}x")  # fmt: skip
+
+
+def _num(value: float, fmt: str) -> str:
+    return "-" if math.isnan(value) else format(value, fmt)
 
 
 async def bench(url: str, api_key: str, args: argparse.Namespace) -> list[dict]:
@@ -195,6 +208,7 @@ async def bench(url: str, api_key: str, args: argparse.Namespace) -> list[dict]:
         for load in args.loads:
             outcomes, wall = await run_load(http, url, load, bodies, args.seed)
             s = summarize(outcomes, wall)
+            s["bound_tokens_per_s"] = solo_bound(outcomes, baseline or outcomes)
             same = same_count(outcomes, baseline) if baseline and args.temperature == 0 else "-"
             print(row(load.label, s, summaries[0] if summaries else None, same), flush=True)
             for message in s["error_messages"]:

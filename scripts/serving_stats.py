@@ -149,3 +149,18 @@ def summarize(outcomes: list[Outcome], wall_s: float) -> dict:
         for q in QUANTILES:
             out[f"{name}_p{q}"] = percentile(values, q)
     return out
+
+
+def solo_bound(outcomes: list[Outcome], solo: list[Outcome]) -> float:
+    """Output tokens/s the load could reach at most had every request taken only its solo
+    time (its latency in `solo`, the first load's run of the same request) from when it was
+    sent: the run's tokens over max(sent + solo latency). Arrivals spread over time cap a
+    load's throughput however fast the server batches: 8 requests one every 0.5 s end no
+    sooner than 3.5 s plus the last one's solo latency. NaN without a completed pair."""
+    ends, tokens = [], 0
+    for o, b in zip(outcomes, solo, strict=True):
+        if o.error is None and b.error is None and b.done is not None:
+            ends.append(o.sent + (b.done - b.sent))
+            tokens += o.tokens
+    start = min((o.sent for o in outcomes), default=0.0)
+    return tokens / (max(ends) - start) if ends and max(ends) > start else math.nan

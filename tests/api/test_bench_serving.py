@@ -21,6 +21,7 @@ from serving_stats import (  # noqa: E402
     parse_load,
     percentile,
     prompt_text,
+    solo_bound,
     summarize,
 )
 
@@ -89,6 +90,26 @@ def test_summarize() -> None:
     assert s["error_messages"] == ["HTTP 429: busy"]
 
 
+def test_solo_bound() -> None:
+    """Each request at its solo latency from when it was sent: the last one ends at
+    max(sent + solo); a request failed in either run counts in neither."""
+    solo = [
+        Outcome(0, sent=0.0, done=2.0, tokens=4),
+        Outcome(1, sent=2.0, done=4.0, tokens=4),
+        Outcome(2, sent=4.0, done=5.0, tokens=2),
+        Outcome(3, sent=5.0, error="HTTP 500"),
+    ]
+    spread = [
+        Outcome(0, sent=0.0, done=3.0, tokens=4),
+        Outcome(1, sent=0.5, done=3.5, tokens=4),
+        Outcome(2, sent=1.0, error="HTTP 429"),
+        Outcome(3, sent=1.5, done=4.0, tokens=9),
+    ]
+    assert solo_bound(spread, solo) == pytest.approx(8 / 2.5)  # ends at max(2.0, 0.5 + 2.0)
+    assert solo_bound(solo, solo) == pytest.approx(10 / 5.0)
+    assert math.isnan(solo_bound([Outcome(0, sent=0.0, error="x")], solo[:1]))
+
+
 @pytest.mark.timeout(180)
 async def test_bench_against_drift_api(model_dir, local_model, swarms, sdk_models,
                                        web_apps, capsys) -> None:  # fmt: skip
@@ -119,6 +140,7 @@ async def test_bench_against_drift_api(model_dir, local_model, swarms, sdk_model
         assert [a["tokens"] for a in s["answers"]] == [r[1] for r in refs]
         assert s["output_tokens"] == sum(r[1] for r in refs)
         assert s["output_tokens_per_s"] == pytest.approx(s["output_tokens"] / s["wall_s"])
+        assert s["bound_tokens_per_s"] > 0
     assert [s["same_as_first"] for s in summaries] == ["-", "4/4", "4/4"]
     table = capsys.readouterr().out
     assert "concurrency:1" in table and "rate:inf" in table and "interval:0.05" in table
