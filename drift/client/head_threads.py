@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from drift.models.threads import choose
+from drift.models.rows import measure
+from drift.models.threads import choose, threads
 
 log = logging.getLogger(__name__)
 
@@ -49,3 +50,16 @@ def generate_threads(head: Any, client: Any, setting: int | None) -> tuple[int |
     log.info("generate() runs on %d torch thread(s): the head after a wait took %s", chosen,
              ", ".join(f"{s * 1e3:.1f} ms on {n}" for n, s in medians.items()))  # fmt: skip
     return (None if chosen == default else chosen), medians
+
+
+def head_row_pads(head: Any, n: int | None) -> None:
+    """Measure and set `head.row_pads` (drift.models.rows) on `n` threads (generate()'s):
+    the head's products of 2-8 rows (a batch, drift api's rows, calls sharing a pass)."""
+    if type(head.lm_head) is not torch.nn.Linear:
+        return
+    with threads(n):
+        pads, medians = measure([head.lm_head.weight])
+    head.row_pads = pads
+    if medians:
+        log.info("the head's products of 1-%d rows took %s ms; padded %s", len(medians),
+                 ", ".join(f"{s * 1e3:.1f}" for s in medians.values()), pads or "none")  # fmt: skip

@@ -30,7 +30,7 @@ from transformers.utils.deprecation import deprecate_kwarg
 from drift.client.backbone import DistributedBaseModel, ThreadCalls
 from drift.client.cache import RemoteCache
 from drift.client.chain import MakeRoom
-from drift.client.head_threads import generate_threads
+from drift.client.head_threads import generate_threads, head_row_pads
 from drift.client.loading import load_parts, open_client_model
 from drift.client.lora import ClientLora, client_lora
 from drift.client.pretrained_args import apply_overrides, check_config, drop_ignored
@@ -128,6 +128,7 @@ class DistributedPreTrainedModel(PreTrainedModel):
         model.generate_threads, model.generate_threads_s = generate_threads(
             head, client, client.config.generate_threads
         )  # fmt: skip
+        head_row_pads(head, model.generate_threads)
         return model
 
     def _load_extra(self, ckpt: Any, dtype: torch.dtype) -> None:

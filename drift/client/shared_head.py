@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from drift.models.rows import linear
+
 if TYPE_CHECKING:
     from drift.models.head import ClientHead
 
@@ -108,7 +110,7 @@ class SharedHead:
             stop = min(start + self.slice_rows, weight.shape[0])
             w, b = weight[start:stop], None if bias is None else bias[start:stop]
             for x, out in zip(xs, outs, strict=True):
-                out[:, start:stop] = torch.nn.functional.linear(x, w, b)
+                out[:, start:stop] = linear(x, w, b, self.head.row_pads)
         return [self.head.capped(o) for o in outs]
 
     @staticmethod

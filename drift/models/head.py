@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from drift.models.registry import get_adapter
+from drift.models.rows import RowPads, linear
 from drift.models.sharing import KVSharing
 from drift.wire.errors import BadRequest, BadTensor
 
@@ -51,6 +52,7 @@ class ClientHead(torch.nn.Module):
         self.embed_scale = adapter.embed_scale()
         self.softcap = adapter.logit_softcap()
         self.per_layer = per_layer  # Gemma 4: per-layer input embeddings and projection
+        self.row_pads: RowPads = {}  # few-row products padded (drift.models.rows), measured
         self.pad_id = int(getattr(self.config, "pad_token_id", None) or 0)
         # ids embedded as the pad token (a multimodal checkpoint's image/audio stand-ins)
         self.placeholders = torch.tensor(adapter.placeholder_ids(), dtype=torch.long)
@@ -170,8 +172,12 @@ class ClientHead(torch.nn.Module):
         return self.project(self.norm(hidden.to(self.embed_tokens.weight.device, self.dtype)))
 
     def project(self, normed: torch.Tensor) -> torch.Tensor:
-        """[B, T, H] final normed state -> [B, T, V] logits (head + gemma2's softcapping)."""
-        return self.capped(self.lm_head(normed))
+        """[B, T, H] final normed state -> [B, T, V] logits (head + gemma2's softcapping);
+        a few rows padded per `row_pads`."""
+        head = self.lm_head
+        if self.row_pads and type(head) is torch.nn.Linear:
+            return self.capped(linear(normed, head.weight, head.bias, self.row_pads))
+        return self.capped(head(normed))
 
     def capped(self, logits: torch.Tensor) -> torch.Tensor:
         """The family's final logit softcapping (gemma2's) of raw head products, else as is."""

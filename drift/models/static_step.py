@@ -9,7 +9,9 @@ session and layer (`KVBuffers`), whose prefix view is the DynamicCache layer's k
 prefill, rollback, beam reorder and batching (drift.models.batch) keep working on the cache as
 before.
 Sessions stepping together share the projections and MLP (one weight read) while each attends
-its own past (no past is copied). `refusal` says what it does not cover: run the eager path.
+its own past (no past is copied); their rows are padded with zero rows per `row_pads` (measured
+by the server, drift.models.rows: 2-3 float32 rows cost the BLAS a weight read each), which no
+session attends. `refusal` says what it does not cover: run the eager path.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from drift.models.batch import BatchStep
 from drift.models.lean_layers import LayerParts, parts_of, scale_of
+from drift.models.rows import RowPads, pad, padded
 from drift.models.session import SpanLayers, SpanSession
 from drift.models.span import positions_from_mask
 
@@ -172,6 +175,7 @@ class LeanDecoder:
         self.kinds = {i: span.adapter.layer_type(i) for i in range(first, first + len(span.layers))}
         self.windows = {i: window_of(span, i) for i in self.kinds}
         self.scales = {i: scale_of(span.layers[i - first]) for i in self.kinds}
+        self.row_pads: RowPads = {}  # rows -> rows to run them as (drift.models.rows)
 
     def takes(self, steps: Sequence[BatchStep]) -> bool:
         """Steps this decoder runs: one token per row, no named tensors, distinct sessions of
@@ -210,6 +214,9 @@ class LeanDecoder:
                 h: torch.Tensor) -> torch.Tensor:  # fmt: skip
         """h [R, 1, H] through every session's layers (all sessions share layer_ids)."""
         positions = torch.cat([positions_from_mask(m, 1) for m in masks])  # [R, 1]
+        real = int(h.shape[0])
+        extra = padded(self.row_pads, real) - real  # zero rows: products only, never attended
+        h, positions = pad(h, real + extra), pad(positions, real + extra)
         span = self.span
         kinds = {self.kinds[i] for i in sessions[0].layer_ids}
         if self.rotary is None:
@@ -239,6 +246,8 @@ class LeanDecoder:
                     mask = None if mask is None else mask[..., -window:]
                 outs.append(attend(q[row : row + b], keys, values, mask, scale))
                 row += b
+            if extra:
+                outs.append(outs[0].new_zeros(extra, *outs[0].shape[1:]))
             attn = outs[0] if len(outs) == 1 else torch.cat(outs)
             h = post(layer, h, attn)
-        return h
+        return h[:real]

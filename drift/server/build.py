@@ -26,6 +26,7 @@ from drift.server.backend import SpanBackend
 from drift.server.chunks import chunk_tokens_for
 from drift.server.compiled import attach_decode
 from drift.server.config import ServerConfig
+from drift.server.decode_rows import attach_row_pads
 from drift.server.decode_threads import attach_decode_threads
 from drift.server.handoff import drain
 from drift.server.routes import add_server_routes
@@ -112,6 +113,7 @@ def load_server(
                           sized_by_pace=config.chunk_tokens is None)  # fmt: skip
     attach_decode(backend, config.compile)  # compiled (if so) now: before any user's step
     backend.decode_status |= attach_decode_threads(backend, config.decode_threads)
+    backend.decode_status |= attach_row_pads(backend)  # on those threads
     throughput = config.throughput if config.throughput is not None else pace
     return BlockServer(config, backend, throughput=throughput)
 

@@ -94,10 +94,14 @@ async def _load_backend(old: SpanBackend, config: ServerConfig, ckpt: Checkpoint
                           chunk_tokens=chunk, pace=old.pace, sized_by_pace=old.sized_by_pace,
                           prompt_pace=old.prompt_pace)  # fmt: skip
     await loop.run_in_executor(None, attach_decode, backend, config.compile)
-    # decode steps' threads as measured at start-up (the old span computes beside a new
-    # measurement: it would time both)
+    # decode steps' threads and row pads as measured at start-up (the old span computes beside
+    # a new measurement: it would time both)
     backend.decode_threads = old.decode_threads
     backend.decode_status |= {k: v for k, v in old.decode_status.items() if k.startswith("threads")}
+    if backend.decode is not None:  # from what /blocks showed: a move may unload the old first
+        backend.decode_status |= {k: v for k, v in old.decode_status.items() if k.startswith("row")}
+        shown = old.decode_status.get("row_pads", {})
+        backend.decode.decoder.row_pads = {int(m): int(to) for m, to in shown.items()}
     return backend
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from drift.client.shared_head import SharedHead
+from drift.models.rows import linear
 
 
 class Head(torch.nn.Module):
@@ -25,12 +26,13 @@ class Head(torch.nn.Module):
         self.softcap = softcap
         self.gate: threading.Event | None = None  # holds the direct call (others queue)
         self.direct = 0
+        self.row_pads: dict[int, int] = {}  # few-row products padded (drift.models.rows)
 
     def project(self, normed: torch.Tensor) -> torch.Tensor:
         self.direct += 1
         if self.gate is not None:
             self.gate.wait(30)
-        return self.capped(self.lm_head(normed))
+        return self.capped(linear(normed, self.lm_head.weight, self.lm_head.bias, self.row_pads))
 
     def capped(self, logits: torch.Tensor) -> torch.Tensor:
         return logits if self.softcap is None else torch.tanh(logits / self.softcap) * self.softcap
@@ -69,9 +71,13 @@ def together(shared: SharedHead, head: Head, rows: list[torch.Tensor]) -> list[t
     return out  # type: ignore[return-value]
 
 
+@pytest.mark.parametrize("pads", [{}, {2: 4, 3: 8}], ids=["plain", "padded"])
 @pytest.mark.parametrize("softcap,bias", [(None, False), (30.0, True)])
-def test_queued_calls_share_one_pass_and_keep_each_rows_logits(softcap, bias) -> None:
+def test_queued_calls_share_one_pass_and_keep_each_rows_logits(softcap, bias, pads) -> None:
+    """Also where the head pads few-row products (drift.models.rows): a shared pass pads
+    each call's rows as its direct product does."""
     head = Head(softcap=softcap, bias=bias)
+    head.row_pads = pads
     shared = SharedHead(head, slice_rows=1024)  # 5 slices, the last one short
     rows = [torch.randn(1, 1, 96), torch.randn(2, 1, 96), torch.randn(1, 1, 96),
             torch.randn(3, 1, 96)]  # fmt: skip

@@ -181,10 +181,12 @@ def test_bloom_with_residuals_after_the_norms_steps_lean(tmp_path) -> None:
     _assert_lean_matches(make_tiny("bloom", directory))
 
 
+@pytest.mark.parametrize("pads", [{}, {2: 4}], ids=["plain", "padded"])
 @pytest.mark.parametrize("family", ["llama", "gemma3_text", "deepseek_v3", "bloom"])
-def test_batched_sessions_of_other_lengths_equal_each_alone(family, tiny_dirs) -> None:
+def test_batched_sessions_of_other_lengths_equal_each_alone(family, pads, tiny_dirs) -> None:
     """Two sessions with different pasts in one lean step: each as its own eager step (gemma3:
-    windows of 4 and two rotaries; bloom: ALiBi biases of each session's own positions)."""
+    windows of 4 and two rotaries; bloom: ALiBi biases of each session's own positions); also
+    with their 2 rows run as 4 (drift.models.rows: the zero rows are attended by nobody)."""
     span = make_tiny(family, tiny_dirs[family]).spans[1]
     gen = torch.Generator().manual_seed(0)
     lean, eager = [], []
@@ -195,6 +197,7 @@ def test_batched_sessions_of_other_lengths_equal_each_alone(family, tiny_dirs) -
             s.run(0, x)
             group.append(s)
     decoder = LeanDecoder(span)
+    decoder.row_pads = pads
     for _ in range(5):
         xs = [torch.randn(1, 1, 64, generator=gen) for _ in lean]
         got = decoder.run([BatchStep(s, s.position, x) for s, x in zip(lean, xs, strict=True)])
