@@ -73,14 +73,17 @@ def measurable(weights: Sequence[torch.Tensor]) -> bool:
 def measure(weights: Sequence[torch.Tensor], *, rounds: int = ROUNDS,
             max_rows: int = MAX_ROWS) -> tuple[dict[int, int], dict[int, float]]:  # fmt: skip
     """(the pads table, the median seconds of one pass at each row count) for products of
-    few rows by `weights` on the calling thread's torch threads; no table (and nothing timed)
-    where the weights are not `measurable`."""
+    few rows by `weights` on the calling thread's torch threads, a pass reading their first
+    PASS_BYTES (a weight's first rows where it alone is bigger: Gemma 3's head is 640 MiB);
+    no table (and nothing timed) where the weights are not `measurable`."""
     if not measurable(weights):
         return {}, {}
     chosen, total = [], 0
     for w in weights:  # the first PASS_BYTES of them: a layer's every shape comes first
-        if chosen and total + w.numel() * w.element_size() > PASS_BYTES:
+        row_bytes = int(w.shape[1]) * w.element_size()
+        if total + row_bytes > PASS_BYTES:
             break
+        w = w[: (PASS_BYTES - total) // row_bytes]  # (a head bigger than a pass: its first rows)
         chosen.append(w)
         total += w.numel() * w.element_size()
     inputs = {m: {int(w.shape[1]): torch.zeros(m, int(w.shape[1]), dtype=w.dtype)

@@ -59,3 +59,20 @@ def test_measured_pads_point_at_faster_counts() -> None:
     assert sorted(medians) == list(range(1, rows.MAX_ROWS + 1))
     for m, to in pads.items():
         assert m < to <= rows.MAX_ROWS and medians[to] <= (1 - rows.GAIN) * medians[m]
+
+
+def test_a_pass_reads_at_most_pass_bytes(monkeypatch) -> None:
+    """A head bigger than a pass (Gemma 3's is 640 MiB) is timed on its first rows."""
+    monkeypatch.setattr(rows, "MIN_BYTES", 0)
+    monkeypatch.setattr(rows, "PASS_BYTES", 1 << 20)
+    seen: list[tuple[int, ...]] = []
+    plain = torch.nn.functional.linear
+
+    def counted(x, w, b=None):
+        seen.append(tuple(w.shape))
+        return plain(x, w, b)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", counted)
+    head = torch.randn(4096, 128)  # 2 MiB
+    rows.measure([head, torch.randn(64, 128)], rounds=1)
+    assert seen and set(seen) == {(2048, 128)}  # its first 1 MiB; the next weight left out
