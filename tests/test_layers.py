@@ -15,16 +15,17 @@ ROOT = Path(__file__).resolve().parent.parent / "drift"
 
 # package -> the drift packages it may import (besides itself). "drift" is the package root
 # (re-exported versions, lazy SDK names: for users, imported by no module); "paths" (the
-# cache-dir rule), "metrics" (Prometheus text pieces) and "openmp" (torch's OpenMP workers)
-# are leaf modules with no imports.
+# cache-dir rule), "metrics" (Prometheus text pieces), "openmp" (torch's OpenMP workers) and
+# "waits" (a time limit that keeps cancellations) are leaf modules with no imports.
 ALLOWED: dict[str, set[str]] = {
     "wire": set(),
     "identity": {"wire"},
-    "swarm": {"wire", "identity"},
-    "node": {"wire", "identity", "swarm"},
+    "swarm": {"wire", "identity", "waits"},
+    "node": {"wire", "identity", "swarm", "waits"},
     "models": {"wire", "paths"},
-    "server": {"wire", "identity", "swarm", "node", "models", "paths", "metrics", "openmp"},
-    "client": {"wire", "identity", "swarm", "models", "paths", "openmp"},
+    "server": {"wire", "identity", "swarm", "node", "models", "paths", "metrics", "openmp",
+               "waits"},
+    "client": {"wire", "identity", "swarm", "models", "paths", "openmp", "waits"},
     "api": {"wire", "swarm", "client", "models", "metrics"},
     "cli": {
         "wire",
@@ -37,10 +38,12 @@ ALLOWED: dict[str, set[str]] = {
         "api",
         "paths",
         "openmp",
+        "waits",
     },
     "paths": set(),
     "metrics": set(),
     "openmp": set(),
+    "waits": set(),
     "drift": {"wire", "client"},  # drift/__init__.py: the version, lazy SDK names
 }
 # third-party imports a layer must not make (models run on any transport; wire and swarm

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from drift.node import MembershipNode
 from drift.server.handoff import hand_over_all
 from drift.swarm import choose_rebalance, coverage, format_ranges, records_for_model
+from drift.waits import raise_if_cancelling
 from drift.wire.errors import Busy
 
 if TYPE_CHECKING:  # torch: imported when a server really starts, not for `drift --help`
@@ -72,6 +73,7 @@ async def balance_loop(node: MembershipNode, server: BlockServer, ckpt: Any,
                                max_memory=balance.max_memory)  # fmt: skip
         except Exception:  # a failed move keeps serving the old span
             log.exception("re-balancing failed; still serving the old blocks")
+        raise_if_cancelling()
 
 
 def rebalance_target(node: MembershipNode, server: BlockServer, *,

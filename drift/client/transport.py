@@ -21,6 +21,7 @@ import torch
 from drift.client.config import ClientConfig
 from drift.client.routing import Hop
 from drift.swarm.dial import peer_ssl
+from drift.waits import wait_for
 from drift.wire import codec
 from drift.wire import messages as m
 from drift.wire.auth import auth_headers
@@ -53,7 +54,7 @@ async def handshake(http: aiohttp.ClientSession, hop: Hop,
     url = f"{hop.addr}/inference"
     headers = auth_headers(config.swarm_key, "GET", "/inference", peer_id=hop.peer_id)
     try:
-        return await asyncio.wait_for(http.ws_connect(
+        return await wait_for(http.ws_connect(
             url, headers=headers, max_msg_size=0, ssl=peer_ssl(hop.peer_id),
             timeout=aiohttp.ClientWSTimeout(ws_receive=config.step_timeout_s,
                                             ws_close=config.connect_timeout_s),
@@ -269,7 +270,7 @@ async def close_ws(ws: aiohttp.ClientWebSocketResponse, timeout_s: float | None)
     already gone is closed too (nothing raised)."""
     if not ws.closed:
         with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, ConnectionError):
-            await asyncio.wait_for(ws.close(), timeout_s)
+            await wait_for(ws.close(), timeout_s)
 
 
 async def close_all(sockets: Iterable[SpanSocket]) -> None:

@@ -15,6 +15,7 @@ import hashlib
 
 from aiohttp import web
 
+from drift.waits import wait_for
 from drift.wire.auth import AuthProof, check_body
 from drift.wire.errors import BadRequest, Busy, DriftError, PayloadTooLarge
 from drift.wire.zstd import ZSTD_MAGIC, decompress
@@ -84,7 +85,7 @@ async def read_body(request: web.Request, limit: int, *, idle_timeout_s: float =
     chunks, size = [], 0
     while True:
         try:
-            chunk = await asyncio.wait_for(request.content.readany(), idle_timeout_s)
+            chunk = await wait_for(request.content.readany(), idle_timeout_s)
         except asyncio.TimeoutError as exc:
             raise RequestTimeout(f"no body data for {idle_timeout_s:.0f} s") from exc
         except web.RequestPayloadError as exc:  # aiohttp could not undo Content-Encoding

@@ -23,6 +23,7 @@ from drift.node.config import NodeConfig
 from drift.node.gossip import exchange, new_nonce, parse_gossip_body, sign_proof
 from drift.swarm import MembershipTable, PeerRecord, default_fields, sign_record
 from drift.swarm.record import record_fields
+from drift.waits import raise_if_cancelling, wait_for
 from drift.wire.errors import BadRequest, DriftError
 
 log = logging.getLogger(__name__)
@@ -340,6 +341,7 @@ class MembershipNode:
                 await self.gossip_round()
             except Exception:  # a bad round must never stop the loop
                 log.exception("gossip round failed")
+            raise_if_cancelling()  # a cancellation a round swallowed still stops the loop
             jitter = random.uniform(-cfg.gossip_jitter, cfg.gossip_jitter)
             await asyncio.sleep(cfg.gossip_interval_s * (1 + jitter))
 
@@ -361,7 +363,7 @@ class MembershipNode:
         offline = [self.record] if self.record is not None else []
         calls = [self.exchange_with(url, pid, pull=False, records=offline) for url, pid in targets]
         try:
-            await asyncio.wait_for(
+            await wait_for(
                 asyncio.gather(*calls, return_exceptions=True), self.config.leave_timeout_s
             )
         except asyncio.TimeoutError:

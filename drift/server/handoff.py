@@ -30,6 +30,7 @@ from drift.node.membership import MembershipNode
 from drift.server.sessions import Session
 from drift.swarm.dial import peer_ssl
 from drift.swarm.record import PeerRecord
+from drift.waits import wait_for
 from drift.wire.auth import auth_headers
 from drift.wire.checks import dtype_name
 from drift.wire.errors import DriftError, PeerUnavailable, from_payload
@@ -127,7 +128,7 @@ async def hand_over(server: BlockServer, node: MembershipNode, session: Session,
             if left <= 0:
                 break
             try:
-                accepted = await asyncio.wait_for(
+                accepted = await wait_for(
                     _transfer(node, record, offer, pieces), min(left, SESSION_HANDOFF_S)
                 )
             except (DriftError, aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:

@@ -23,6 +23,7 @@ from aiohttp import WSMsgType
 
 from drift.node.membership import MembershipNode
 from drift.swarm.dial import peer_ssl
+from drift.waits import wait_for
 from drift.wire.auth import auth_headers
 from drift.wire.errors import PushRefused
 from drift.wire.push import NextHop
@@ -69,7 +70,7 @@ class PeerLinks:
             self._open_soon(node, hop)
             raise ConnectionError("no link to it yet (opening one for the next steps)")
         try:
-            await asyncio.wait_for(ws.send_bytes(data), WAIT_S)
+            await wait_for(ws.send_bytes(data), WAIT_S)
         except (aiohttp.ClientError, ConnectionError, RuntimeError, asyncio.TimeoutError):
             await ws.close()
             if self._links.get(key) is ws:
@@ -94,7 +95,7 @@ class PeerLinks:
             if node.http is None:
                 raise RuntimeError("this node is not running")
             headers = auth_headers(node.config.swarm_key, "GET", PUSH_PATH, peer_id=hop.peer_id)
-            ws = await asyncio.wait_for(node.http.ws_connect(
+            ws = await wait_for(node.http.ws_connect(
                 f"{hop.addr}{PUSH_PATH}", headers=headers, max_msg_size=0,
                 ssl=peer_ssl(hop.peer_id),
             ), CONNECT_TIMEOUT_S)  # fmt: skip

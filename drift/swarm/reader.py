@@ -29,6 +29,7 @@ from drift.swarm.coverage import Coverage, all_coverages
 from drift.swarm.dial import is_wrong_peer, peer_ssl
 from drift.swarm.record import PeerRecord
 from drift.swarm.table import MembershipTable
+from drift.waits import wait_for
 from drift.wire.auth import auth_headers, check_reply
 from drift.wire.errors import (
     BadRequest,
@@ -139,7 +140,7 @@ async def _speaks_tls(host: str, port: int) -> bool:
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
     try:
-        _, writer = await asyncio.wait_for(
+        _, writer = await wait_for(
             asyncio.open_connection(host, port, ssl=context), PROBE_TIMEOUT_S
         )
     except (OSError, asyncio.TimeoutError, ssl.SSLError):
