@@ -12,7 +12,8 @@ Threads: by default none are set anywhere (`--threads default`: local transforme
 client and every `drift server` use torch's own default, as users run them), unless this
 shell sets OMP_NUM_THREADS, which then applies to every process; `--threads N` gives every
 process N compute threads (decoding is a pipeline, so one process computes at a time).
-Time to first token: one generate() of a single new token, per rep, local and swarm.
+Time to first token: one generate() of a single new token, per rep, local and swarm, with
+the same parts timed (the prompt's pass through the blocks or servers, the head, the rest).
 
     .venv/bin/python scripts/bench_client.py --new 32 --reps 5
 """
@@ -185,6 +186,28 @@ def ttft(model: Any) -> float:
         return time.perf_counter() - start
 
 
+def first_token(
+    model: Any, rows: dict[str, list[float]], procs: ServerProcs | None = None
+) -> float:
+    """`ttft` with its parts timed: appends each part's ms of the first token to `rows`
+    (the swarm's: also each server's step time, from its /metrics)."""
+    before = procs.step_seconds() if procs is not None else []
+    TIMERS.total.clear()
+    TIMERS.on = True
+    try:
+        seconds = ttft(model)
+    finally:
+        TIMERS.on = False
+    for label, part in sorted(TIMERS.total.items()):
+        rows[label].append(part * 1e3)
+    if procs is not None:
+        after = procs.step_seconds()
+        for (a, b), (s0, _), (s1, _) in zip(procs.spans, before, after, strict=True):
+            rows[f"  server [{a:>2}, {b:>2}) step time (in its hop)"].append((s1 - s0) * 1e3)
+    rows["generate() + client glue (rest)"].append((seconds - sum(TIMERS.total.values())) * 1e3)
+    return seconds
+
+
 def run_swarm(model: Any, procs: ServerProcs, new: int, rows: dict[str, list[float]]) -> float:
     """One timed generate() on the swarm; appends per-token ms of each part to `rows`."""
     before = procs.step_seconds()
@@ -264,6 +287,7 @@ def main() -> None:
     rates: dict[str, list[float]] = defaultdict(list)
     firsts: dict[str, list[float]] = defaultdict(list)  # time to first token, seconds
     rows: dict[int, dict[str, list[float]]] = {p: defaultdict(list) for p in [0, *parts]}
+    first_rows: dict[int, dict[str, list[float]]] = {p: defaultdict(list) for p in [0, *parts]}
     instrument_local(local)
     with tempfile.TemporaryDirectory() as tmp:
         try:
@@ -286,10 +310,10 @@ def main() -> None:
                 model.generate(PROMPT, max_new_tokens=4, do_sample=False)  # warm up
             local.generate(PROMPT, max_new_tokens=4, do_sample=False)
             for rep in range(args.reps):
-                firsts["local"].append(ttft(local))
+                firsts["local"].append(first_token(local, first_rows[0]))
                 rates["local"].append(1 / run_local(local, args.new, rows[0]))
                 for p, (procs, model) in swarms.items():
-                    firsts[f"{p} servers"].append(ttft(model))
+                    firsts[f"{p} servers"].append(first_token(model, first_rows[p], procs))
                     rates[f"{p} servers"].append(1 / run_swarm(model, procs, args.new, rows[p]))
                 print(f"rep {rep + 1}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in rates.items()),
                       flush=True)  # fmt: skip
@@ -297,11 +321,12 @@ def main() -> None:
             for procs, model in swarms.values():
                 model.close()
                 procs.stop()
-    report(args, rates, rows, firsts)
+    report(args, rates, rows, firsts, first_rows)
 
 
 def report(args: Any, rates: dict[str, list[float]], rows: dict[int, dict[str, list[float]]],
-           firsts: dict[str, list[float]]) -> None:  # fmt: skip
+           firsts: dict[str, list[float]],
+           first_rows: dict[int, dict[str, list[float]]]) -> None:  # fmt: skip
     med = {k: statistics.median(v) for k, v in rates.items()}
     threads = "torch's default threads" if args.threads == "default" else (
         f"{args.threads} compute thread(s) per process")  # fmt: skip
@@ -312,6 +337,10 @@ def report(args: Any, rates: dict[str, list[float]], rows: dict[int, dict[str, l
     print("time to first token (ms): " + ", ".join(
         f"{k} {v:.0f}" + ("" if k == "local" else f" ({v / first['local']:.2f}x local)")
         for k, v in first.items()))  # fmt: skip
+    for p, parts in first_rows.items():
+        print("  first token, " + ("local" if p == 0 else f"{p} servers") + " (medians, ms):")
+        for label, values in parts.items():
+            print(f"    {label:<42} {statistics.median(values):7.2f} ms")
     print(f"local transformers: {med['local']:6.2f} tokens/s  ({1e3 / med['local']:.1f} ms/token)")
     for label, values in rows.pop(0).items():
         print(f"    {label:<42} {statistics.median(values):7.2f} ms/token")
