@@ -2,20 +2,26 @@
 
 Threads of one process decoding at once (concurrent generate() calls) each project a few rows
 through the head, the client's largest cost per token (SmolLM2's reads 113 MB of weights).
-Alone, a call runs as it always did. A call that arrives while another one computes waits, and
-every call that queued meanwhile is computed together by the next one to run: the head's
-weights are read a slice at a time and each slice serves every queued row while it is still
-in the CPU's cache. Each call's rows are still their own product over the same weights, so
-its logits do not depend on which other calls shared the pass (checked bitwise against the
-direct product in tests). No timer: nobody ever waits for a caller that has not come.
+A thread that is the only one to have called lately runs its product directly, as it always
+did. Otherwise calls share a scan of the head: one of them (the worker) goes over the head's
+weights a slice of the vocabulary at a time, each slice multiplied once by the rows of every
+call in the scan, stacked; a call that arrives mid-scan joins at the current slice and is done
+once it has had every slice (the scan wraps round to the slices it missed). Nobody waits for a
+caller that has not come, and the calls of one convoy (steps whose replies came together,
+waking their threads one after another) end up in one scan, not in a pass of the first alone
+and a second for the rest. A worker whose own call is done hands the scan on to a caller still
+in it and returns. Rows stacked with other calls' rows are a product of more rows than the
+direct one: the same sums, which MKL may round differently in the last bit (as the servers'
+batched steps do); tests/client/test_shared_head.py checks them against the direct product
+and that a lone thread's logits are bitwise the direct ones.
 Calls with gradients, more than a few rows, off the CPU or through a quantized head are
-never shared.
-Knows nothing of sessions or the network.
+never shared. Knows nothing of sessions or the network.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -28,12 +34,14 @@ if TYPE_CHECKING:
 
 SHARE_MAX_ROWS = 8  # a call with more rows (a prompt's full logits) runs alone
 SLICE_ROWS = 2048  # vocabulary rows of the head per slice (SmolLM2: 4.7 MB of float32)
+RECENT_S = 1.0  # another thread projected this recently: calls share a scan
 
 
 @dataclass
 class _Ask:
     rows: torch.Tensor  # [n, H]
-    out: torch.Tensor | None = None
+    out: torch.Tensor | None = None  # [n, V], filled slice by slice
+    left: int = 0  # slices still to compute
     error: BaseException | None = None
     done: bool = False
 
@@ -45,10 +53,15 @@ class SharedHead:
         self.head = head
         self.slice_rows = slice_rows
         self._cond = threading.Condition()
-        self._queue: list[_Ask] = []
-        self._busy = False  # a caller is computing
-        self.passes = 0  # shared passes run
+        self._joining: list[_Ask] = []  # arrived, not yet in the scan
+        self._active: list[_Ask] = []  # in the scan
+        self._busy = False  # a worker is scanning (or a lone call computing)
+        self._handoff = False  # the worker left: a caller still in the scan takes it on
+        self._slice = 0  # the scan's next slice
+        self._callers: dict[int, float] = {}  # thread id -> when it last projected
+        self.scans = 0  # scans run
         self.rows_shared = 0  # rows they served
+        self.lone = 0  # direct products of a thread alone
 
     def project(self, normed: torch.Tensor) -> torch.Tensor:
         """[B, T, H] -> [B, T, V] logits, as ClientHead.project."""
@@ -57,61 +70,110 @@ class SharedHead:
         rows = normed.shape[0] * normed.shape[1]
         ask = _Ask(normed.reshape(rows, normed.shape[-1]))
         with self._cond:
-            if not self._busy and not self._queue:  # alone: the direct product
+            if self._alone() and not self._busy:  # the direct product, as always
                 self._busy = True
-                batch = None
+                self.lone += 1
+                lone = True
             else:
-                self._queue.append(ask)
-                while self._busy and not ask.done:
-                    self._cond.wait()
-                if ask.done:
-                    return self._result(ask, normed)
-                self._busy, batch, self._queue = True, self._queue, []
-        try:
-            if batch is None:
+                lone = False
+                self._joining.append(ask)
+                if self._busy:
+                    while not ask.done and not self._handoff:
+                        self._cond.wait()
+                    if ask.done:
+                        return self._result(ask, normed)
+                    self._handoff = False
+                self._busy = True
+                self.scans += int(not self._active)
+        if lone:
+            try:
                 return self.head.project(normed)
-            self._run(batch)
-            return self._result(ask, normed)
-        finally:
-            with self._cond:
-                self._busy = False
-                self._cond.notify_all()
+            finally:
+                with self._cond:
+                    self._leave()
+        self._scan(ask)
+        return self._result(ask, normed)
+
+    def _alone(self) -> bool:
+        """(Lock held) Whether no other thread projected lately; notes this one's call."""
+        now, me = time.monotonic(), threading.get_ident()
+        self._callers = {t: at for t, at in self._callers.items() if now - at <= RECENT_S}
+        others = any(t != me for t in self._callers)
+        self._callers[me] = now
+        return not others and not self._joining
+
+    def _leave(self) -> None:
+        """(Lock held) The worker (or lone call) is done: a caller waiting takes over."""
+        if self._active or self._joining:
+            self._handoff = True
+        else:
+            self._busy = False
+        self._cond.notify_all()
 
     def _shareable(self, normed: torch.Tensor) -> bool:
-        """A decode step's few rows on the CPU, through a plain Linear, with no gradient."""
+        """A decode step's few rows of the head's width on the CPU, through a plain Linear,
+        with no gradient (a call of the wrong width fails alone, in the direct product)."""
         weight = self.head.lm_head.weight
         grad = torch.is_grad_enabled() and (normed.requires_grad or weight.requires_grad)
         return (normed.dim() == 3 and normed.shape[0] * normed.shape[1] <= SHARE_MAX_ROWS
-                and normed.device.type == "cpu" and type(self.head.lm_head) is torch.nn.Linear
+                and normed.shape[-1] == weight.shape[1] and normed.device.type == "cpu"
+                and type(self.head.lm_head) is torch.nn.Linear
                 and weight.dtype.is_floating_point and not grad)  # fmt: skip
 
-    def _run(self, batch: list[_Ask]) -> None:
-        """Every ask of `batch` through the head, slice by slice; results into each ask."""
-        try:
-            outs = self._product([a.rows for a in batch])
-        except BaseException as exc:  # each caller raises it
-            for a in batch:
-                a.error, a.done = exc, True
-            return
-        for a, out in zip(batch, outs, strict=True):
-            a.out, a.done = out, True
-        self.passes += 1
-        self.rows_shared += sum(int(a.rows.shape[0]) for a in batch)
-
     @torch.no_grad()
-    def _product(self, asks: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Each [n, H] ask -> [n, V]: its own product over slices of the head's weight (the
-        direct product's values: a slice of the vocabulary does not change a row's sum), then
-        the family's logit softcapping."""
+    def _scan(self, mine: _Ask) -> None:
+        """As the worker: slice after slice, every call in the scan at once, until `mine` is
+        done; then hand the scan on (or end it)."""
         weight, bias = self.head.lm_head.weight, self.head.lm_head.bias
-        xs = [x.to(weight.dtype) for x in asks]
-        outs = [x.new_empty(x.shape[0], weight.shape[0]) for x in xs]
-        for start in range(0, weight.shape[0], self.slice_rows):
-            stop = min(start + self.slice_rows, weight.shape[0])
-            w, b = weight[start:stop], None if bias is None else bias[start:stop]
-            for x, out in zip(xs, outs, strict=True):
-                out[:, start:stop] = linear(x, w, b, self.head.row_pads)
-        return [self.head.capped(o) for o in outs]
+        vocab = weight.shape[0]
+        slices = -(-vocab // self.slice_rows)
+        stacked: torch.Tensor | None = None
+        try:
+            while True:
+                with self._cond:
+                    changed = self._admit(slices, weight.dtype)
+                    if mine.done:
+                        self._leave()
+                        return
+                    active, index = list(self._active), self._slice
+                if changed or stacked is None:
+                    stacked = torch.cat([a.rows.to(weight.dtype) for a in active])
+                start = index * self.slice_rows
+                stop = min(start + self.slice_rows, vocab)
+                part = linear(stacked, weight[start:stop],
+                              None if bias is None else bias[start:stop], self.head.row_pads)  # fmt: skip
+                row = 0
+                for a in active:
+                    n = a.rows.shape[0]
+                    assert a.out is not None
+                    a.out[:, start:stop] = part[row : row + n]
+                    row += n
+                    a.left -= 1
+                self._slice = (index + 1) % slices
+        except BaseException as exc:  # each caller in the scan raises it
+            with self._cond:
+                for a in [*self._active, *self._joining]:
+                    a.error, a.done = exc, True
+                self._active, self._joining = [], []
+                self._busy = self._handoff = False
+                self._cond.notify_all()
+
+    def _admit(self, slices: int, dtype: torch.dtype) -> bool:
+        """(Lock held) Finish the calls that had every slice, take in those that arrived;
+        whether the scan's rows changed."""
+        finished = [a for a in self._active if a.left == 0]
+        for a in finished:
+            assert a.out is not None
+            a.out, a.done = self.head.capped(a.out), True
+        self._active = [a for a in self._active if a.left > 0]
+        for a in self._joining:
+            a.out = torch.empty(a.rows.shape[0], self.head.lm_head.weight.shape[0], dtype=dtype)
+            a.left = slices
+            self.rows_shared += int(a.rows.shape[0])
+        joined, self._active, self._joining = bool(self._joining), self._active + self._joining, []
+        if finished:
+            self._cond.notify_all()
+        return bool(finished) or joined
 
     @staticmethod
     def _result(ask: _Ask, normed: torch.Tensor) -> torch.Tensor:
