@@ -227,3 +227,27 @@ async def test_a_session_that_closes_while_waited_for_is_waited_for_no_longer(
         metrics = await _metrics(http, running.url)
         assert metrics["drift_batch_wait_seconds_total"] == pytest.approx(batcher.wait_s_total)
         await other.close()
+
+
+async def test_a_convoy_split_in_two_joins_up(servers, tmp_path, monkeypatch):
+    """Two pairs of sessions keep one pace (a reply, then 0.25 s of the client's own work, as
+    clients of a chain whose halves travel apart), the second pair 0.1 s behind the first:
+    more than batch_wait_ms after it. A drain waits for sessions of its own pace until they
+    are due (their last step plus their gap), so within a few rounds all four step as one
+    forward (main: forwards of 1-3 steps every round, waiting 50 ms in vain)."""
+    running, span = await _server(servers, tmp_path, monkeypatch, batch_wait_ms=50)
+    batcher, fp = running.server.sessions.batcher, running.server.backend.fingerprint
+    sizes: list[int] = []
+    observe = batcher.sizes.observe
+    monkeypatch.setattr(batcher.sizes, "observe", lambda n: (sizes.append(int(n)), observe(n)))
+
+    async def user(http: aiohttp.ClientSession, u: int, delay: float) -> None:
+        await asyncio.sleep(delay)
+        remote = await RawSession.open(http, running.url, fp, 0, 2, max_length=32)
+        await _decode(remote, span.new_session(batch_size=1, max_length=32), 100 * u, 12,
+                      gap_s=0.25)  # fmt: skip
+        await remote.close()
+
+    async with aiohttp.ClientSession() as http:
+        await asyncio.gather(*(user(http, u, 0.1 * (u // 2)) for u in range(4)))
+    assert sizes[-9:-1] == [4] * 8, sizes  # the last may lack a session that ended first
