@@ -180,7 +180,7 @@ class RemoteClient:
         fp = self.model_fingerprint
         choose = functools.partial(self._choose, start, end, inference, tokens_needed, adapter,
                                    frozenset(avoid))  # fmt: skip
-        await self.swarm.refresh()
+        await self.swarm.fresh_enough()
         with contextlib.suppress(MissingBlocks):
             return choose()
         await self.swarm.refresh(force=True)  # maybe a server came back or joined

@@ -2,13 +2,15 @@
 
 It starts from the initial peers (join tokens or multiaddrs), reads the table with
 drift.swarm.reader (the node's own verification: signature, seq, expiry, via
-MembershipTable), refreshes at most every `swarm_refresh_s`, and later reads from any live
-record's address, so losing the first peer costs nothing. It measures round trips for routing.
+MembershipTable), refreshes at most every `swarm_refresh_s` (for a new session's route, in
+the background: `fresh_enough`), and later reads from any live record's address, so losing
+the first peer costs nothing. It measures round trips for routing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Collection
 
@@ -30,6 +32,8 @@ from drift.wire.errors import (
 )
 from drift.wire.version import PROTOCOL_VERSION
 
+log = logging.getLogger(__name__)
+
 
 class SwarmView:
     def __init__(
@@ -49,6 +53,7 @@ class SwarmView:
         self.latency = LatencyEwma()
         self._last_refresh = 0.0
         self._lock = asyncio.Lock()
+        self._reading: asyncio.Task[None] | None = None  # a background refresh
 
     def _sources(self) -> list[tuple[str, str]]:
         """(url, expected peer id) to read the table from: live records first, then members
@@ -63,6 +68,25 @@ class SwarmView:
                        key=lambda r: (r.peer_id not in live, r.peer_id not in rtt))  # fmt: skip
         return ([(r.addrs[0].rstrip("/"), r.peer_id) for r in known]
                 + [(t.url, t.peer_id) for t in self.initial_peers])  # fmt: skip
+
+    async def fresh_enough(self) -> None:
+        """A table to route a new session with: read now where none was read yet; else the
+        one at hand, re-read in the background once older than `swarm_refresh_s` (reading
+        costs a round trip and every record's signature check before a session's first token;
+        a route from a stale table that fails is retried with a fresh one: RemoteClient.route,
+        the chain's failover)."""
+        if not self._last_refresh:
+            await self.refresh()
+            return
+        stale = time.monotonic() - self._last_refresh >= self.config.swarm_refresh_s
+        if stale and (self._reading is None or self._reading.done()):
+            self._reading = asyncio.get_running_loop().create_task(self._refresh_quietly())
+
+    async def _refresh_quietly(self) -> None:
+        try:
+            await self.refresh()
+        except DriftError as exc:  # the next route reads again (and raises, if it must)
+            log.debug("background read of the swarm table failed: %s", exc)
 
     async def refresh(self, *, force: bool = False) -> None:
         async with self._lock:

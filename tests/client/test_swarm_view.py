@@ -9,6 +9,7 @@ only the genuine newest records and count each rejection by reason.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import time
@@ -40,8 +41,13 @@ class DoctoredMember:
         self.identity = Identity.generate()
         self.records: list[Any] = []
         self.token = JoinToken(self.identity.peer_id, "127.0.0.1", 0, tls=False)  # plain HTTP
+        self.reads = 0  # GET /swarm answered (or held)
+        self.hold: asyncio.Event | None = None  # set: reads wait for it
 
     async def swarm(self, request: web.Request) -> web.Response:
+        self.reads += 1
+        if self.hold is not None:
+            await self.hold.wait()
         return web.json_response({"peer_id": self.identity.peer_id, "records": self.records})
 
 
@@ -128,8 +134,6 @@ async def test_read_swarm_keeps_only_genuine_newest_records(member: DoctoredMemb
 
 
 def test_a_refused_connection_is_told_apart_from_a_slow_peer() -> None:
-    import asyncio
-
     from drift.client.bans import BanList
     from drift.client.remote import refused
     from drift.wire.errors import PeerUnavailable
@@ -153,3 +157,29 @@ def test_a_refused_connection_is_told_apart_from_a_slow_peer() -> None:
     assert not bans.worth_waiting_for("gone")  # refused again and again
     bans.success("gone")
     assert bans.worth_waiting_for("gone") and bans.failures("gone") == 0
+
+
+async def test_a_new_sessions_route_never_waits_for_a_table_it_has(member: DoctoredMember) -> None:
+    """fresh_enough reads the table where there is none; past swarm_refresh_s it routes with
+    the one at hand and reads again in the background (one read at a time), the new
+    records there for the next route."""
+    table = doctored_table(member)
+    member.records = [table.own.to_wire()]
+    async with aiohttp.ClientSession() as http:
+        view = SwarmView((member.token,), ClientConfig(swarm_refresh_s=0.05), http,
+                         BanList(1.0, 10.0))  # fmt: skip
+        await view.fresh_enough()  # none yet: read now
+        assert member.reads == 1 and set(by_peer(view.table.records())) == {table.own.peer_id}
+        await view.fresh_enough()  # fresh: nothing read
+        assert member.reads == 1
+        await asyncio.sleep(0.06)
+        member.records = [r.to_wire() for r in (table.own, table.newest)]
+        member.hold = asyncio.Event()
+        await asyncio.wait_for(view.fresh_enough(), 1)  # stale: not waited for
+        await asyncio.wait_for(view.fresh_enough(), 1)  # one read under way: no second
+        while member.reads < 2:
+            await asyncio.sleep(0.01)
+        assert set(by_peer(view.table.records())) == {table.own.peer_id}
+        member.hold.set()
+        await asyncio.wait_for(view._reading, 5)  # type: ignore[arg-type]
+        assert member.reads == 2 and by_peer(view.table.records()) == table.genuine()
