@@ -12,7 +12,8 @@ Threads: by default none are set anywhere (`--threads default`: local transforme
 client and every `drift server` use torch's own default, as users run them), unless this
 shell sets OMP_NUM_THREADS, which then applies to every process; `--threads N` gives every
 process N compute threads (decoding is a pipeline, so one process computes at a time).
-Time to first token: one generate() of a single new token, per rep, local and swarm, with
+Time to first token: one generate() of a single new token, three times per rep, local then
+each swarm right after (a prompt's pass swings more than a decode step's), with
 the same parts timed (the prompt's pass through the blocks or servers, the head, the rest).
 
     .venv/bin/python scripts/bench_client.py --new 32 --reps 5
@@ -44,6 +45,7 @@ from drift.client.transport import SpanSocket  # noqa: E402
 from drift.models.checkpoint import open_checkpoint  # noqa: E402
 
 PROMPT = torch.tensor([[1, 504, 2365, 3290, 253]])
+FIRSTS_PER_REP = 3  # time-to-first-token pairs (local, then each swarm) per rep
 
 
 class Timers:
@@ -310,10 +312,12 @@ def main() -> None:
                 model.generate(PROMPT, max_new_tokens=4, do_sample=False)  # warm up
             local.generate(PROMPT, max_new_tokens=4, do_sample=False)
             for rep in range(args.reps):
-                firsts["local"].append(first_token(local, first_rows[0]))
+                for _ in range(FIRSTS_PER_REP):  # a prompt's pass swings more than a token's
+                    firsts["local"].append(first_token(local, first_rows[0]))
+                    for p, (procs, model) in swarms.items():
+                        firsts[f"{p} servers"].append(first_token(model, first_rows[p], procs))
                 rates["local"].append(1 / run_local(local, args.new, rows[0]))
                 for p, (procs, model) in swarms.items():
-                    firsts[f"{p} servers"].append(first_token(model, first_rows[p], procs))
                     rates[f"{p} servers"].append(1 / run_swarm(model, procs, args.new, rows[p]))
                 print(f"rep {rep + 1}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in rates.items()),
                       flush=True)  # fmt: skip
@@ -334,8 +338,12 @@ def report(args: Any, rates: dict[str, list[float]], rows: dict[int, dict[str, l
           f"medians of {args.reps} interleaved runs, {threads}, servers' "
           f"--compile {args.compile or 'default'}")  # fmt: skip
     first = {k: statistics.median(v) * 1e3 for k, v in firsts.items()}
-    print("time to first token (ms): " + ", ".join(
-        f"{k} {v:.0f}" + ("" if k == "local" else f" ({v / first['local']:.2f}x local)")
+    paired = {k: statistics.median(a / b for a, b in zip(v, firsts["local"], strict=True))
+              for k, v in firsts.items() if k != "local"}  # fmt: skip
+    print(f"time to first token (ms, medians of {len(firsts['local'])}, each swarm one right "
+          "after a local one): " + ", ".join(
+        f"{k} {v:.0f}" + ("" if k == "local" else f" ({v / first['local']:.2f}x local; median "
+                          f"of paired ratios {paired[k]:.2f}x)")
         for k, v in first.items()))  # fmt: skip
     for p, parts in first_rows.items():
         print("  first token, " + ("local" if p == 0 else f"{p} servers") + " (medians, ms):")
