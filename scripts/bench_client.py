@@ -5,8 +5,9 @@ greedy decoding of `--new` tokens; local, 2-server and 3-server runs interleaved
 times; prints medians, the ratio swarm/local (Petals 2.2 gets 0.41x) and where a swarm token's
 time goes: client head (embed + logits), each hop's reply wait (relayed: its round trip;
 pushed, the default: the span's compute and one link after the previous reply; `--relay`
-relays), each server's step time (from its /metrics) and what is left (generate() and
-client glue).
+relays), each server's step time and the forward (compute) within it (from its /metrics:
+the rest of a step is its queueing, validation and push) and what is left (generate() and
+client glue). generate() is called as users call it (no `min_new_tokens`).
 
 Threads: by default none are set anywhere (`--threads default`: local transformers, the
 client and every `drift server` use torch's own default, as users run them), unless this
@@ -134,16 +135,31 @@ class ServerProcs:
             time.sleep(0.2)
         raise TimeoutError(f"no {pattern!r} in {log}")
 
-    def step_seconds(self) -> list[tuple[float, int]]:
-        """(sum, count) of each server's inference step latency, from its /metrics."""
+    def step_seconds(self, name: str = "drift_step_latency_seconds") -> list[tuple[float, int]]:
+        """(sum, count) of each server's inference step latency (or another histogram of
+        its /metrics: `name`; drift_step_forward_seconds is the steps' forwards alone)."""
         out = []
         for url in self.urls:
             with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
                 text = resp.read().decode()
-            total = re.search(r"^drift_step_latency_seconds_sum (\S+)", text, re.M)
-            count = re.search(r"^drift_step_latency_seconds_count (\S+)", text, re.M)
+            total = re.search(rf"^{name}_sum (\S+)", text, re.M)
+            count = re.search(rf"^{name}_count (\S+)", text, re.M)
             out.append((float(total.group(1)), int(count.group(1))))  # type: ignore[union-attr]
         return out
+
+    def server_seconds(self) -> list[tuple[float, float]]:
+        """Each server's summed step latency and summed forward (compute) seconds so far."""
+        steps, forwards = self.step_seconds(), self.step_seconds("drift_step_forward_seconds")
+        return [(s, f) for (s, _), (f, _) in zip(steps, forwards, strict=True)]
+
+    def server_rows(self, before: list[tuple[float, float]], per: int,
+                    rows: dict[str, list[float]]) -> None:  # fmt: skip
+        """Append each server's step time and the forward within it since `before`, in ms
+        per `per` tokens, to `rows`."""
+        after = self.server_seconds()
+        for (a, b), (s0, f0), (s1, f1) in zip(self.spans, before, after, strict=True):
+            rows[f"  server [{a:>2}, {b:>2}) step time (in its hop)"].append((s1 - s0) / per * 1e3)
+            rows[f"    [{a:>2}, {b:>2}) of which its forward"].append((f1 - f0) / per * 1e3)
 
     def stop(self) -> None:
         for p in self.procs:
@@ -173,18 +189,24 @@ def wait_covered(model: Any, num_blocks: int, timeout: float = 120) -> None:
 
 
 def timed_generate(model: Any, new: int) -> float:
-    """Seconds per generated token of one greedy generate() of exactly `new` tokens."""
+    """Seconds per generated token of one greedy generate() of `new` tokens, called as users
+    call it (no `min_new_tokens`: its logits processors cost ~1 ms a token on SmolLM2's
+    vocabulary; PROMPT meets no end-of-text within 128 tokens, checked here)."""
     with torch.no_grad():
         start = time.perf_counter()
-        model.generate(PROMPT, max_new_tokens=new, min_new_tokens=new, do_sample=False)
-        return (time.perf_counter() - start) / new
+        out = model.generate(PROMPT, max_new_tokens=new, do_sample=False)
+        seconds = time.perf_counter() - start
+    made = out.shape[1] - PROMPT.shape[1]
+    if made != new:
+        raise RuntimeError(f"generate() stopped after {made} of {new} tokens: use a smaller --new")
+    return seconds / new
 
 
 def ttft(model: Any) -> float:
     """Seconds of one greedy generate() of a single new token (prefill + first token)."""
     with torch.no_grad():
         start = time.perf_counter()
-        model.generate(PROMPT, max_new_tokens=1, min_new_tokens=1, do_sample=False)
+        model.generate(PROMPT, max_new_tokens=1, do_sample=False)
         return time.perf_counter() - start
 
 
@@ -193,7 +215,7 @@ def first_token(
 ) -> float:
     """`ttft` with its parts timed: appends each part's ms of the first token to `rows`
     (the swarm's: also each server's step time, from its /metrics)."""
-    before = procs.step_seconds() if procs is not None else []
+    before = procs.server_seconds() if procs is not None else []
     TIMERS.total.clear()
     TIMERS.on = True
     try:
@@ -203,29 +225,25 @@ def first_token(
     for label, part in sorted(TIMERS.total.items()):
         rows[label].append(part * 1e3)
     if procs is not None:
-        after = procs.step_seconds()
-        for (a, b), (s0, _), (s1, _) in zip(procs.spans, before, after, strict=True):
-            rows[f"  server [{a:>2}, {b:>2}) step time (in its hop)"].append((s1 - s0) * 1e3)
+        procs.server_rows(before, 1, rows)
     rows["generate() + client glue (rest)"].append((seconds - sum(TIMERS.total.values())) * 1e3)
     return seconds
 
 
 def run_swarm(model: Any, procs: ServerProcs, new: int, rows: dict[str, list[float]]) -> float:
     """One timed generate() on the swarm; appends per-token ms of each part to `rows`."""
-    before = procs.step_seconds()
+    before = procs.server_seconds()
     TIMERS.total.clear()
     TIMERS.on = True
     try:
         per_token = timed_generate(model, new)
     finally:
         TIMERS.on = False
-    after = procs.step_seconds()
     accounted = 0.0
     for label, seconds in sorted(TIMERS.total.items()):
         rows[label].append(seconds / new * 1e3)
         accounted += seconds
-    for (a, b), (s0, _), (s1, _) in zip(procs.spans, before, after, strict=True):
-        rows[f"  server [{a:>2}, {b:>2}) step time (in its hop)"].append((s1 - s0) / new * 1e3)
+    procs.server_rows(before, new, rows)
     rows["generate() + client glue (rest)"].append((per_token * new - accounted) / new * 1e3)
     return per_token
 

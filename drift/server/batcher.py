@@ -2,33 +2,32 @@
 run together as one forward.
 
 A step with no deep prompts, beam reorder or LoRA (named tensors allowed: Gemma 4) is queued
-here instead of going to the compute thread on its own. The first step queued submits one
-drain job; when the compute thread reaches it, the job takes every step queued by then,
-groups those that can share a forward (drift.models.batch: same blocks, tokens per row and
-named tensors, one step per session, at most `chunk_tokens` tokens per forward) and runs
-each group once. Steps queued while it runs wait for the next drain job. Before taking the
-queue, a drain job waits for the sessions that are stepping while their steps keep coming
-(`wait_s` after the latest, WAIT_CAP x `wait_s` in all), so sessions stepping in turn along
-a chain of servers fall into one convoy. Where a convoy has split in two (its halves a part
-of a round apart, each waiting in vain for the other every round: measured 35 tokens/s
-against 53 for 8 clients through 2 servers), a drain also waits for the stepping sessions
-that keep the queued ones' pace (gaps between steps within SAME_PACE) until `wait_s` after
-they are due to step (their last step plus their gap), so the halves join up within a round
-or two; a session of another pace (a slower client) is waited for only as before. A session is stepping while its next step is due:
-it stepped in the last RECENT_S seconds and less than twice its own last gap between steps
-(+ `wait_s`) ago; a held idle session (a finished request's, kept for the next chat turn) is
-not waited for. A drain waits only for sessions whose last step could share a forward with a
-queued one (the same `batch_key`: a prompt's step does not wait for decoding sessions, which
-would run apart anyway, and whose client may be waiting for that very prompt), and a session
-a drain waited for in vain is not waited for again until it steps (a row of `drift api` that
-ended while its session is held for the next turn costs one wait, not one per step of its
-gap), nor one whose client said it is idle (`idle`: a session held for a later turn,
-announced by drift.wire's `idle` message) or that closed (`forget`): a drain waiting for it
-stops at once. A wait that ends with no new step is counted (`vain_waits`), and every wait's
-seconds (`wait_s_total`). A group whose forward fails is rerun step by step, so an error
-reaches only its own session; any other failure of a drain job fails only the steps it took,
-is counted (`drains_failed`) and leaves the batcher ready for the next step. Knows nothing
-about HTTP.
+here instead of going to the compute thread on its own. The first step queued submits one drain
+job; when the compute thread reaches it, the job takes every step queued by then, groups those
+that can share a forward (drift.models.batch: same blocks, tokens per row and named tensors, one
+step per session, at most `chunk_tokens` tokens per forward) and runs each group once. Steps
+queued while it runs wait for the next drain job. Before taking the queue, a drain job waits for
+the sessions that are stepping while their steps keep coming (`wait_s` after the latest,
+WAIT_CAP x `wait_s` in all), so sessions stepping in turn along a chain of servers fall into one
+convoy. Where a convoy has split in two (its halves a part of a round apart, each waiting in
+vain for the other every round: measured 35 tokens/s against 53 for 8 clients through 2
+servers), a drain also waits for the stepping sessions that keep the queued ones' pace (gaps
+between steps within SAME_PACE) until `wait_s` after they are due to step (their last step plus
+their gap), so the halves join up within a round or two; a session of another pace (a slower
+client) is waited for only as before. A session is stepping while its next step is due: it
+stepped in the last RECENT_S seconds and less than twice its own last gap between steps (+
+`wait_s`) ago; a held idle session (a finished request's, kept for the next chat turn) is not
+waited for. A drain waits only for sessions whose last step could share a forward with a queued
+one (the same `batch_key`: a prompt's step does not wait for decoding sessions, which would run
+apart anyway, and whose client may be waiting for that very prompt), and a session a drain
+waited for in vain is not waited for again until it steps (a row of `drift api` that ended while
+its session is held for the next turn costs one wait, not one per step of its gap), nor one
+whose client said it is idle (`idle`: a session held for a later turn, announced by drift.wire's
+`idle` message) or that closed (`forget`): a drain waiting for it stops at once. A wait that
+ends with no new step is counted (`vain_waits`), and every wait's seconds (`wait_s_total`). A
+group whose forward fails is rerun step by step, so an error reaches only its own session; any
+other failure of a drain job fails only the steps it took, is counted (`drains_failed`) and
+leaves the batcher ready for the next step. Knows nothing about HTTP.
 """
 
 from __future__ import annotations
@@ -48,6 +47,7 @@ from drift.server.backend import SpanBackend
 log = logging.getLogger(__name__)
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # steps per forward, for /metrics
+FORWARD_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 RECENT_S = 1.0  # seconds: a session that stepped this recently is expected to step again
 WAIT_CAP = 5  # a drain waits at most this many times wait_s in all
 SAME_PACE = 0.25  # gaps between steps this close (relative) are one pace: a convoy's
@@ -87,6 +87,9 @@ class StepBatcher:
         self.backend = backend
         self.wait_s = wait_s  # seconds a drain may wait for recently active sessions' steps
         self.sizes = Histogram(BATCH_BUCKETS)  # sessions' steps per forward run
+        # seconds of each group's forward on the compute thread (its reruns step by step
+        # included): a step's compute, apart from its wait in the queue, wire and validation
+        self.forward_s = Histogram(FORWARD_BUCKETS_S)
         # guards the queue and `_seen` between the event loop and the compute thread
         self._cond = threading.Condition()
         self._queue: list[_Queued] = []
@@ -158,7 +161,11 @@ class StepBatcher:
                 self.backend.executor.progressed()  # each group is timed as a unit of its own
                 self.backend.chunks_run += 1
                 self.sizes.observe(len(group))
-                self._run(group)
+                started = time.perf_counter()
+                try:
+                    self._run(group)
+                finally:
+                    self.forward_s.observe(time.perf_counter() - started)
         except BaseException as exc:  # never leave a step waiting forever, nor the batcher
             self.drains_failed += 1
             log.exception("a step batch failed; its %d steps get the error", len(items))
@@ -205,6 +212,8 @@ class StepBatcher:
         ones' pace (their gaps within SAME_PACE of each other: a convoy split in two, each
         half a round behind the other) is expected to step: its last step plus its gap; 0
         where none is."""
+        if not missing:
+            return 0.0
         gaps = sorted(g for k in queued if k in self._seen
                       and (g := self._seen[k].gap) is not None)  # fmt: skip
         if not gaps:

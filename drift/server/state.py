@@ -52,6 +52,9 @@ class BlockServer:
         }, {
             "drift_step_batch_size": ("Sessions' steps run as one forward (since the span was loaded).",
                                       lambda: self.sessions.batcher.sizes),
+            "drift_step_forward_seconds": ("Seconds of each forward of steps run as one "
+                                           "(compute only: no queueing, wire or validation).",
+                                           lambda: self.sessions.batcher.forward_s),
         }, {
             "drift_batch_waits_total": ("Step batches that waited for a stepping session's step.",
                                         lambda: self.sessions.batcher.waits),

@@ -4,7 +4,7 @@ The compute thread is held busy (a job waiting on an event) while every session 
 step, so they are all queued when it frees: deterministic batching, no timing. Families
 with sliding windows (mistral, gemma3) and ALiBi (falcon) beside llama; a step that fails
 its session's own checks (position past the end) gets its error while the others in its
-batch get their outputs; /metrics shows the batch sizes.
+batch get their outputs; /metrics shows the batch sizes and each forward's seconds.
 """
 
 from __future__ import annotations
@@ -81,6 +81,12 @@ async def test_queued_steps_run_as_one_forward_and_equal_alone(family, servers, 
                for line in text.splitlines()
                if line.startswith("drift_step_batch_size_bucket")}  # fmt: skip
     assert buckets["+Inf"] - buckets["2"] >= 2  # two rounds of 4 sessions in one forward
+    # each forward is timed once, compute only: within the latency of the steps it served
+    # (which also count the wait behind the gate)
+    values = {line.split()[0]: float(line.split()[-1]) for line in text.splitlines()
+              if line.startswith(("drift_step_forward_seconds_", "drift_step_latency_seconds_"))}  # fmt: skip
+    assert values["drift_step_forward_seconds_count"] == buckets["+Inf"]
+    assert 0 < values["drift_step_forward_seconds_sum"] < values["drift_step_latency_seconds_sum"]
 
 
 async def test_sessions_stepping_in_turn_wait_for_each_other(servers, tmp_path):
