@@ -6,6 +6,9 @@ prefill (default 64), then `--steps` decode steps of one token, through (1) drif
 (drift.server.compiled, inductor; the compile time is printed). Prints ms per step, the ratios
 to eager, and with `LLAMA_CPP=/path/to/llama-bench` (and `--gguf`) llama.cpp's ms per token
 on the whole model for comparison. Torch threads: `--threads` (default 1, as a server's).
+Then what bounds a step: the span's linear weights read as one-row products alone (each
+`nn.Linear` once, in order: what a decode step of one session reads) against a plain read of
+as many bytes from one buffer (what this memory streams), both in ms and GB/s.
 
     PYTHONPATH=. .venv/bin/python scripts/bench_kernels.py --dtype float32 --blocks 0:15
 """
@@ -62,6 +65,32 @@ def interleaved(variants: dict[str, tuple[ModelSpan, Runner]], steps: int, rows:
     return {name: min(t) for name, t in times.items()}
 
 
+def best_ms(fn: Callable[[], object], reps: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        started = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - started)
+    return best * 1000
+
+
+def memory_ms(span: ModelSpan, reps: int) -> tuple[float, float, int]:
+    """(best ms of every linear layer's one-row product in the span, in layer order; best ms
+    of a sum over one buffer of the same bytes; those bytes)."""
+    weights = [m.weight for m in span.layers.modules() if isinstance(m, torch.nn.Linear)]
+    size = sum(w.numel() * w.element_size() for w in weights)
+    rows = {int(w.shape[1]): torch.randn(1, int(w.shape[1])).to(w.dtype) for w in weights}
+    buffer = torch.ones(size // 4, dtype=torch.float32)
+
+    def products() -> None:
+        with torch.no_grad():
+            for w in weights:
+                torch.nn.functional.linear(rows[int(w.shape[1])], w)
+
+    return best_ms(products, reps), best_ms(buffer.sum, reps), size
+
+
 def llama_cpp_ms(gguf: str | None) -> float | None:
     """llama.cpp's ms per generated token (llama-bench -n 32 -p 0), when LLAMA_CPP is set."""
     binary = os.environ.get("LLAMA_CPP")
@@ -113,6 +142,11 @@ def main() -> None:
     ref = llama_cpp_ms(args.gguf)
     for name, ms in results.items():
         print(f"{name:>12}: {ms:7.2f} ms/step  x{results['eager'] / ms:.2f} vs eager")
+    products, read, size = memory_ms(span, max(args.reps, 3) * 2)
+    print(f"the span's linear weights, {size / 1e6:.0f} MB: one-row products alone "
+          f"{products:.2f} ms ({size / products / 1e6:.1f} GB/s, "
+          f"{products / results['lean'] * 100:.0f}% of a lean step); a plain read of as many "
+          f"bytes {read:.2f} ms ({size / read / 1e6:.1f} GB/s)")  # fmt: skip
     if ref is not None:
         blocks = int(span.config.num_hidden_layers)
         share = ref * (end - start) / blocks
