@@ -135,22 +135,28 @@ class ServerProcs:
             time.sleep(0.2)
         raise TimeoutError(f"no {pattern!r} in {log}")
 
-    def step_seconds(self, name: str = "drift_step_latency_seconds") -> list[tuple[float, int]]:
-        """(sum, count) of each server's inference step latency (or another histogram of
-        its /metrics: `name`; drift_step_forward_seconds is the steps' forwards alone)."""
+    def sums(self, *names: str) -> list[list[tuple[float, int]]]:
+        """Per server (one read of its /metrics), the (sum, count) of each histogram named."""
         out = []
         for url in self.urls:
             with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
                 text = resp.read().decode()
-            total = re.search(rf"^{name}_sum (\S+)", text, re.M)
-            count = re.search(rf"^{name}_count (\S+)", text, re.M)
-            out.append((float(total.group(1)), int(count.group(1))))  # type: ignore[union-attr]
+            found = []
+            for name in names:
+                total = re.search(rf"^{name}_sum (\S+)", text, re.M)
+                count = re.search(rf"^{name}_count (\S+)", text, re.M)
+                found.append((float(total.group(1)), int(count.group(1))))  # type: ignore[union-attr]
+            out.append(found)
         return out
 
+    def step_seconds(self) -> list[tuple[float, int]]:
+        """(sum, count) of each server's inference step latency, from its /metrics."""
+        return [found[0] for found in self.sums("drift_step_latency_seconds")]
+
     def server_seconds(self) -> list[tuple[float, float]]:
-        """Each server's summed step latency and summed forward (compute) seconds so far."""
-        steps, forwards = self.step_seconds(), self.step_seconds("drift_step_forward_seconds")
-        return [(s, f) for (s, _), (f, _) in zip(steps, forwards, strict=True)]
+        """Each server's summed step latency and, within it, its steps' forwards (compute)."""
+        both = self.sums("drift_step_latency_seconds", "drift_step_forward_seconds")
+        return [(steps[0], forwards[0]) for steps, forwards in both]
 
     def server_rows(self, before: list[tuple[float, float]], per: int,
                     rows: dict[str, list[float]]) -> None:  # fmt: skip

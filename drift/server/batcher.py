@@ -43,11 +43,11 @@ from drift.metrics import Histogram
 from drift.models.batch import BatchStep, StepOut, batch_key
 from drift.models.session import SpanSession
 from drift.server.backend import SpanBackend
+from drift.server.metrics import LATENCY_BUCKETS_S
 
 log = logging.getLogger(__name__)
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # steps per forward, for /metrics
-FORWARD_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 RECENT_S = 1.0  # seconds: a session that stepped this recently is expected to step again
 WAIT_CAP = 5  # a drain waits at most this many times wait_s in all
 SAME_PACE = 0.25  # gaps between steps this close (relative) are one pace: a convoy's
@@ -89,7 +89,7 @@ class StepBatcher:
         self.sizes = Histogram(BATCH_BUCKETS)  # sessions' steps per forward run
         # seconds of each group's forward on the compute thread (its reruns step by step
         # included): a step's compute, apart from its wait in the queue, wire and validation
-        self.forward_s = Histogram(FORWARD_BUCKETS_S)
+        self.forward_s = Histogram(LATENCY_BUCKETS_S)
         # guards the queue and `_seen` between the event loop and the compute thread
         self._cond = threading.Condition()
         self._queue: list[_Queued] = []
@@ -162,10 +162,8 @@ class StepBatcher:
                 self.backend.chunks_run += 1
                 self.sizes.observe(len(group))
                 started = time.perf_counter()
-                try:
-                    self._run(group)
-                finally:
-                    self.forward_s.observe(time.perf_counter() - started)
+                self._run(group)  # sets each step's result or error (a bug here fails the drain)
+                self.forward_s.observe(time.perf_counter() - started)
         except BaseException as exc:  # never leave a step waiting forever, nor the batcher
             self.drains_failed += 1
             log.exception("a step batch failed; its %d steps get the error", len(items))
