@@ -9,6 +9,11 @@ relays), each server's step time and the forward (compute) within it (from its /
 the rest of a step is its queueing, validation and push) and what is left (generate() and
 client glue). generate() is called as users call it (no `min_new_tokens`).
 
+Products: the servers and the client compute few-row float32 products on DRIFT's C kernel
+(drift.models.row_kernel) by default, local transformers on torch's BLAS. `--row_kernel off`
+runs the swarm on torch's BLAS too; `--local_kernel` also times local transformers with the
+kernel installed in its linears (`local+kernel`): the swarm against the same products.
+
 Threads: by default none are set anywhere (`--threads default`: local transformers, the
 client and every `drift server` use torch's own default, as users run them), unless this
 shell sets OMP_NUM_THREADS, which then applies to every process; `--threads N` gives every
@@ -44,6 +49,8 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 from drift.client import AutoDistributedModelForCausalLM, ClientConfig  # noqa: E402
 from drift.client.transport import SpanSocket  # noqa: E402
 from drift.models.checkpoint import open_checkpoint  # noqa: E402
+from drift.models.row_kernel import RowKernel  # noqa: E402
+from drift.paths import resolve_cache_dir  # noqa: E402
 
 PROMPT = torch.tensor([[1, 504, 2365, 3290, 253]])
 FIRSTS_PER_REP = 3  # time-to-first-token pairs (local, then each swarm) per rep
@@ -297,6 +304,14 @@ def main() -> None:
         choices=["auto", "on", "off"],
         help="the servers' --compile (how decode steps run; default: theirs)",
     )
+    parser.add_argument("--row_kernel", default="auto", choices=["auto", "off"],
+                        help="the servers' and the client's few-row products: DRIFT's C "
+                        "kernel (auto, their default) or torch's BLAS (off)")  # fmt: skip
+    parser.add_argument(
+        "--local_kernel",
+        action="store_true",
+        help="also local transformers with DRIFT's row kernel in its linears",
+    )
     parser.add_argument("--threads", default="default",
                         help="compute threads per process: 'default' (none set: as users run "
                         "it) or a number (default: default)")  # fmt: skip
@@ -307,6 +322,15 @@ def main() -> None:
         torch.set_num_threads(int(args.threads))
     directory = open_checkpoint(args.model).path
     local = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    locals_ = {"local": local}
+    if args.local_kernel:
+        kernel, why = RowKernel.build(resolve_cache_dir(None))
+        if kernel is None:
+            raise SystemExit(f"--local_kernel: {why}")
+        locals_["local+kernel"] = AutoModelForCausalLM.from_pretrained(
+            directory, dtype=torch.float32
+        ).eval()
+        kernel.install(locals_["local+kernel"])
     n = local.config.num_hidden_layers
     parts = [int(p) for p in args.parts.split(",")]
     swarms: dict[int, tuple[ServerProcs, Any]] = {}
@@ -314,7 +338,9 @@ def main() -> None:
     firsts: dict[str, list[float]] = defaultdict(list)  # time to first token, seconds
     rows: dict[int, dict[str, list[float]]] = {p: defaultdict(list) for p in [0, *parts]}
     first_rows: dict[int, dict[str, list[float]]] = {p: defaultdict(list) for p in [0, *parts]}
-    instrument_local(local)
+    kernel_rows: dict[str, list[float]] = defaultdict(list)  # local+kernel's parts
+    for lm in locals_.values():
+        instrument_local(lm)
     with tempfile.TemporaryDirectory() as tmp:
         try:
             for p in parts:
@@ -323,24 +349,37 @@ def main() -> None:
                     str(directory),
                     list(zip(bounds, bounds[1:], strict=False)),
                     Path(tmp),
-                    extra=() if args.compile is None else ("--compile", args.compile),
+                    extra=(
+                        ("--row_kernel", args.row_kernel)
+                        + (() if args.compile is None else ("--compile", args.compile))
+                    ),
                     threads=args.threads,
                 )
                 model = AutoDistributedModelForCausalLM.from_pretrained(
                     directory, initial_peers=procs.token,
-                    client_config=ClientConfig(push=not args.relay),
+                    client_config=ClientConfig(push=not args.relay,
+                                               row_kernel=args.row_kernel == "auto"),
                 )  # fmt: skip
                 swarms[p] = (procs, model)
                 wait_covered(model, n)
                 instrument_head(model)
                 model.generate(PROMPT, max_new_tokens=4, do_sample=False)  # warm up
-            local.generate(PROMPT, max_new_tokens=4, do_sample=False)
+            for lm in locals_.values():
+                lm.generate(PROMPT, max_new_tokens=4, do_sample=False)
             for rep in range(args.reps):
                 for _ in range(FIRSTS_PER_REP):  # a prompt's pass swings more than a token's
                     firsts["local"].append(first_token(local, first_rows[0]))
+                    if args.local_kernel:
+                        firsts["local+kernel"].append(
+                            first_token(locals_["local+kernel"], defaultdict(list))
+                        )
                     for p, (procs, model) in swarms.items():
                         firsts[f"{p} servers"].append(first_token(model, first_rows[p], procs))
                 rates["local"].append(1 / run_local(local, args.new, rows[0]))
+                if args.local_kernel:
+                    rates["local+kernel"].append(
+                        1 / run_local(locals_["local+kernel"], args.new, kernel_rows)
+                    )
                 for p, (procs, model) in swarms.items():
                     rates[f"{p} servers"].append(1 / run_swarm(model, procs, args.new, rows[p]))
                 print(f"rep {rep + 1}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in rates.items()),
@@ -349,21 +388,26 @@ def main() -> None:
             for procs, model in swarms.values():
                 model.close()
                 procs.stop()
-    report(args, rates, rows, firsts, first_rows)
+    report(args, rates, rows, firsts, first_rows, kernel_rows)
 
 
 def report(args: Any, rates: dict[str, list[float]], rows: dict[int, dict[str, list[float]]],
-           firsts: dict[str, list[float]],
-           first_rows: dict[int, dict[str, list[float]]]) -> None:  # fmt: skip
+           firsts: dict[str, list[float]], first_rows: dict[int, dict[str, list[float]]],
+           kernel_rows: dict[str, list[float]]) -> None:  # fmt: skip
     med = {k: statistics.median(v) for k, v in rates.items()}
     threads = "torch's default threads" if args.threads == "default" else (
         f"{args.threads} compute thread(s) per process")  # fmt: skip
     print(f"\n{args.model}, {args.new} new tokens after a {PROMPT.shape[1]}-token prompt, "
           f"medians of {args.reps} interleaved runs, {threads}, servers' "
-          f"--compile {args.compile or 'default'}")  # fmt: skip
+          f"--compile {args.compile or 'default'}, swarm's --row_kernel {args.row_kernel}")  # fmt: skip
     first = {k: statistics.median(v) * 1e3 for k, v in firsts.items()}
     paired = {k: statistics.median(a / b for a, b in zip(v, firsts["local"], strict=True))
               for k, v in firsts.items() if k != "local"}  # fmt: skip
+    same_products = {}  # each swarm's first token against local+kernel's
+    if args.local_kernel:
+        same_products = {k: statistics.median(
+            a / b for a, b in zip(v, firsts["local+kernel"], strict=True))
+            for k, v in firsts.items() if k.endswith("servers")}  # fmt: skip
     print(f"time to first token (ms, medians of {len(firsts['local'])}, each swarm one right "
           "after a local one): " + ", ".join(
         f"{k} {v:.0f}" + ("" if k == "local" else f" ({v / first['local']:.2f}x local; median "
@@ -376,12 +420,25 @@ def report(args: Any, rates: dict[str, list[float]], rows: dict[int, dict[str, l
     print(f"local transformers: {med['local']:6.2f} tokens/s  ({1e3 / med['local']:.1f} ms/token)")
     for label, values in rows.pop(0).items():
         print(f"    {label:<42} {statistics.median(values):7.2f} ms/token")
+    if args.local_kernel:
+        rate = med["local+kernel"]
+        print(f"local transformers + DRIFT's row kernel: {rate:6.2f} tokens/s  "
+              f"({1e3 / rate:.1f} ms/token)")  # fmt: skip
+        for label, values in kernel_rows.items():
+            print(f"    {label:<42} {statistics.median(values):7.2f} ms/token")
     for p, parts in rows.items():
         rate = med[f"{p} servers"]
         paired = [r / lo for r, lo in zip(rates[f"{p} servers"], rates["local"], strict=True)]
         print(f"swarm, {p} servers: {rate:6.2f} tokens/s  ({1e3 / rate:.1f} ms/token)  "
               f"ratio {rate / med['local']:.2f}x; median of per-rep ratios "
               f"{statistics.median(paired):.2f}x (min {min(paired):.2f}, max {max(paired):.2f})")  # fmt: skip
+        if args.local_kernel:
+            same = [r / lo for r, lo in
+                    zip(rates[f"{p} servers"], rates["local+kernel"], strict=True)]  # fmt: skip
+            print(f"    against local+kernel (the same products): {rate / med['local+kernel']:.2f}x; "
+                  f"median of per-rep ratios {statistics.median(same):.2f}x; time to first "
+                  f"token {first[f'{p} servers'] / first['local+kernel']:.2f}x (median of paired "
+                  f"ratios {same_products[f'{p} servers']:.2f}x)")  # fmt: skip
         for label, values in parts.items():
             print(f"    {label:<42} {statistics.median(values):7.2f} ms/token")
 

@@ -2,13 +2,15 @@
 
 A SmolLM2 span (default blocks 0:15; `--model gemma3-270m` and others too) takes a `--past`-token
 prefill (default 64), then `--steps` decode steps of one token, through (1) drift.models.batch.run_steps, what a server runs with `--compile off`;
-(2) the lean step (drift.models.static_step) uncompiled; (3) the lean step compiled
-(drift.server.compiled, inductor; the compile time is printed). Prints ms per step, the ratios
+(2) the lean step (drift.models.static_step) uncompiled; (3) the lean step with DRIFT's row
+kernel in its linears (drift.models.row_kernel: what a CPU server runs by default); (4) the
+lean step compiled (drift.server.compiled, inductor; the compile time is printed). Prints ms per step, the ratios
 to eager, and with `LLAMA_CPP=/path/to/llama-bench` (and `--gguf`) llama.cpp's ms per token
 on the whole model for comparison. Torch threads: `--threads` (default 1, as a server's).
 Then what bounds a step: the span's linear weights read as one-row products alone (each
-`nn.Linear` once, in order: what a decode step of one session reads) against a plain read of
-as many bytes from one buffer (what this memory streams), both in ms and GB/s.
+`nn.Linear` once, in order: what a decode step of one session reads), through torch's BLAS and
+through the row kernel, against a plain read of as many bytes from one buffer (what this
+memory streams), all in ms and GB/s.
 
     PYTHONPATH=. .venv/bin/python scripts/bench_kernels.py --dtype float32 --blocks 0:15
 """
@@ -30,8 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from drift.models.batch import BatchStep, run_steps  # noqa: E402
 from drift.models.checkpoint import open_checkpoint  # noqa: E402
+from drift.models.row_kernel import RowKernel  # noqa: E402
+from drift.models.rows import Product  # noqa: E402
 from drift.models.span import ModelSpan  # noqa: E402
 from drift.models.static_step import LeanDecoder  # noqa: E402
+from drift.paths import resolve_cache_dir  # noqa: E402
 from drift.server.compiled import DecodeUnit  # noqa: E402
 
 Runner = Callable[[list[BatchStep]], list[torch.Tensor]]
@@ -75,20 +80,27 @@ def best_ms(fn: Callable[[], object], reps: int) -> float:
     return best * 1000
 
 
-def memory_ms(span: ModelSpan, reps: int) -> tuple[float, float, int]:
-    """(best ms of every linear layer's one-row product in the span, in layer order; best ms
-    of a sum over one buffer of the same bytes; those bytes)."""
+def memory_ms(span: ModelSpan, reps: int,
+              kernel: RowKernel | None) -> tuple[float, float | None, float, int]:  # fmt: skip
+    """(best ms of every linear layer's one-row product in the span, in layer order, through
+    torch's BLAS; the same through `kernel`; best ms of a sum over one buffer of the same
+    bytes; those bytes)."""
     weights = [m.weight for m in span.layers.modules() if isinstance(m, torch.nn.Linear)]
     size = sum(w.numel() * w.element_size() for w in weights)
     rows = {int(w.shape[1]): torch.randn(1, int(w.shape[1])).to(w.dtype) for w in weights}
     buffer = torch.ones(size // 4, dtype=torch.float32)
 
-    def products() -> None:
-        with torch.no_grad():
-            for w in weights:
-                torch.nn.functional.linear(rows[int(w.shape[1])], w)
+    def products(product: Product) -> Callable[[], None]:
+        def one_pass() -> None:
+            with torch.no_grad():
+                for w in weights:
+                    product(rows[int(w.shape[1])], w, None)
 
-    return best_ms(products, reps), best_ms(buffer.sum, reps), size
+        return one_pass
+
+    blas = best_ms(products(torch.nn.functional.linear), reps)
+    mine = None if kernel is None else best_ms(products(kernel.linear), reps)
+    return blas, mine, best_ms(buffer.sum, reps), size
 
 
 def llama_cpp_ms(gguf: str | None) -> float | None:
@@ -133,6 +145,12 @@ def main() -> None:
     }
     if unit.relaid:
         variants["lean+layout"] = (relaid, unit.run)
+    kernel, why = RowKernel.build(resolve_cache_dir(None))
+    print(f"row kernel: {why}")
+    if kernel is not None:
+        kernelled = ModelSpan.load(open_checkpoint(args.model), start, end, dtype=dtype)
+        if kernel.install(kernelled.layers):
+            variants["lean+kernel"] = (kernelled, LeanDecoder(kernelled).run)
     if args.compile:
         compiled = DecodeUnit(relaid, compiled=True)
         status = compiled.warm_up()
@@ -142,11 +160,14 @@ def main() -> None:
     ref = llama_cpp_ms(args.gguf)
     for name, ms in results.items():
         print(f"{name:>12}: {ms:7.2f} ms/step  x{results['eager'] / ms:.2f} vs eager")
-    products, read, size = memory_ms(span, max(args.reps, 3) * 2)
+    products, mine, read, size = memory_ms(span, max(args.reps, 3) * 2, kernel)
     print(f"the span's linear weights, {size / 1e6:.0f} MB: one-row products alone "
           f"{products:.2f} ms ({size / products / 1e6:.1f} GB/s, "
           f"{products / results['lean'] * 100:.0f}% of a lean step); a plain read of as many "
           f"bytes {read:.2f} ms ({size / read / 1e6:.1f} GB/s)")  # fmt: skip
+    if mine is not None:
+        print(f"the same products on the row kernel: {mine:.2f} ms ({size / mine / 1e6:.1f} "
+              f"GB/s, {mine / results['lean+kernel'] * 100:.0f}% of a lean+kernel step)")  # fmt: skip
     if ref is not None:
         blocks = int(span.config.num_hidden_layers)
         share = ref * (end - start) / blocks

@@ -35,6 +35,9 @@ class ClientConfig:
     # torch threads generate() runs on (the head, sampling: drift.client.head_threads): None =
     # the faster of torch's own count and 1, timed at load on a CPU; 0 = torch's own; N = N
     generate_threads: int | None = None
+    # the head's float32 products of a few rows on DRIFT's C kernel, built at load with the
+    # machine's C compiler (drift.models.row_kernel); False: torch's BLAS
+    row_kernel: bool = True
     # activations on the wire (steps, /forward, /backward; replies come back alike): None as
     # computed, or float16 | bfloat16 | int8 (blockwise absmax), see drift.wire.compress
     wire_dtype: str | None = None

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from drift.models.row_kernel import product_of
 from drift.models.rows import measure
 from drift.models.threads import choose, threads
 
@@ -58,7 +59,7 @@ def head_row_pads(head: Any, n: int | None) -> None:
     if type(head.lm_head) is not torch.nn.Linear:
         return
     with threads(n):
-        pads, medians = measure([head.lm_head.weight])
+        pads, medians = measure([head.lm_head.weight], product=product_of(head.lm_head))
     head.row_pads = pads
     if medians:
         log.info("the head's products of 1-%d rows took %s ms; padded %s", len(medians),

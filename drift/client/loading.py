@@ -11,6 +11,7 @@ optional swarm key). A local model the swarm does not serve is refused at once, 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,8 @@ from drift.identity.swarm_key import resolve_swarm_key
 from drift.identity.tokens import JoinToken, parse_join_tokens
 from drift.wire.checks import ACTIVATION_DTYPES
 from drift.wire.errors import DriftError, ModelMismatch
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from drift.models.checkpoint import Checkpoint
@@ -99,6 +102,23 @@ def _no_peers(initial_peers: Any) -> bool:
     return initial_peers is None or (not isinstance(initial_peers, str) and not initial_peers)
 
 
+def install_row_kernel(head: torch.nn.Module, cache_dir: Path | None) -> None:
+    """The head's float32 CPU linears (lm_head) compute a step's few rows on DRIFT's C kernel
+    (drift.models.row_kernel), built into the cache directory; torch's BLAS where it cannot
+    be built (logged once) or the head is not float32 on the CPU."""
+    from drift.models.row_kernel import RowKernel
+    from drift.paths import resolve_cache_dir
+
+    weight = getattr(getattr(head, "lm_head", None), "weight", None)
+    if weight is None or weight.device.type != "cpu" or weight.dtype != torch.float32:
+        return
+    kernel, why = RowKernel.build(resolve_cache_dir(cache_dir))
+    if kernel is None:
+        log.info("%s", why)
+        return
+    kernel.install(head)
+
+
 def load_parts(
     name_or_path: Any, *, initial_peers: Any, swarm_key: str | None = None,
     dtype: Any = None, torch_dtype: Any = None, client_config: ClientConfig | None = None,
@@ -122,6 +142,8 @@ def load_parts(
     ckpt = resolved.ckpt
     torch_dt = resolve_dtype(dtype, torch_dtype, ckpt.config)
     head = ClientHead.load(ckpt, dtype=torch_dt, device=where)
+    if config.row_kernel:
+        install_row_kernel(head, cache_dir)
     client = RemoteClient(tokens, ckpt.fingerprint, config, head.sharing)
     client.origin = resolved.origin
     if resolved.fetched is None:  # a model of this machine: is it the swarm's?

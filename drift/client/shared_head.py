@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from drift.models.row_kernel import product_of
 from drift.models.rows import linear
 
 if TYPE_CHECKING:
@@ -125,6 +126,7 @@ class SharedHead:
         """As the worker: slice after slice, every call in the scan at once, until `mine` is
         done; then hand the scan on (or end it)."""
         weight, bias = self.head.lm_head.weight, self.head.lm_head.bias
+        product = product_of(self.head.lm_head)
         vocab = weight.shape[0]
         slices = -(-vocab // self.slice_rows)
         stacked: torch.Tensor | None = None
@@ -141,7 +143,8 @@ class SharedHead:
                 start = index * self.slice_rows
                 stop = min(start + self.slice_rows, vocab)
                 part = linear(stacked, weight[start:stop],
-                              None if bias is None else bias[start:stop], self.head.row_pads)  # fmt: skip
+                              None if bias is None else bias[start:stop], self.head.row_pads,
+                              product)  # fmt: skip
                 row = 0
                 for a in active:
                     n = a.rows.shape[0]

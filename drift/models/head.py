@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from drift.models.registry import get_adapter
+from drift.models.row_kernel import product_of
 from drift.models.rows import RowPads, linear
 from drift.models.sharing import KVSharing
 from drift.wire.errors import BadRequest, BadTensor
@@ -176,7 +177,8 @@ class ClientHead(torch.nn.Module):
         a few rows padded per `row_pads`."""
         head = self.lm_head
         if self.row_pads and type(head) is torch.nn.Linear:
-            return self.capped(linear(normed, head.weight, head.bias, self.row_pads))
+            product = product_of(head)  # drift.models.row_kernel's, where installed
+            return self.capped(linear(normed, head.weight, head.bias, self.row_pads, product))
         return self.capped(head(normed))
 
     def capped(self, logits: torch.Tensor) -> torch.Tensor:

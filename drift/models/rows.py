@@ -27,6 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
+Product = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+
 MAX_ROWS = 8  # row counts measured (and padded) up to this
 GAIN = 0.10  # a count is padded only to one at least this much faster
 ROUNDS = 5  # timed passes per row count (interleaved); the median counts
@@ -41,15 +43,17 @@ def padded(pads: RowPads, rows: int) -> int:
     return pads.get(rows, rows)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-           pads: RowPads) -> torch.Tensor:  # fmt: skip
-    """F.linear(x, weight, bias) with x's rows (every dim but the last) padded per `pads`."""
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pads: RowPads,
+           product: Product | None = None) -> torch.Tensor:  # fmt: skip
+    """product(x, weight, bias) (drift.models.row_kernel's; default F.linear) with x's rows
+    (every dim but the last) padded per `pads`."""
+    product = product or torch.nn.functional.linear
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     to = padded(pads, rows)
     if to == rows:
-        return torch.nn.functional.linear(x, weight, bias)
+        return product(x, weight, bias)
     flat = x.reshape(rows, x.shape[-1])
-    out = torch.nn.functional.linear(pad(flat, to), weight, bias)[:rows]
+    out = product(pad(flat, to), weight, bias)[:rows]
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
@@ -70,14 +74,17 @@ def measurable(weights: Sequence[torch.Tensor]) -> bool:
     )
 
 
-def measure(weights: Sequence[torch.Tensor], *, rounds: int = ROUNDS,
-            max_rows: int = MAX_ROWS) -> tuple[dict[int, int], dict[int, float]]:  # fmt: skip
+def measure(weights: Sequence[torch.Tensor], *, rounds: int = ROUNDS, max_rows: int = MAX_ROWS,
+            product: Product | None = None,
+            ) -> tuple[dict[int, int], dict[int, float]]:  # fmt: skip
     """(the pads table, the median seconds of one pass at each row count) for products of
-    few rows by `weights` on the calling thread's torch threads, a pass reading their first
-    PASS_BYTES (a weight's first rows where it alone is bigger: Gemma 3's head is 640 MiB);
-    no table (and nothing timed) where the weights are not `measurable`."""
+    few rows by `weights` through `product` (as their layers compute them; default F.linear)
+    on the calling thread's torch threads, a pass reading their first PASS_BYTES (a weight's
+    first rows where it alone is bigger: Gemma 3's head is 640 MiB); no table (and nothing
+    timed) where the weights are not `measurable`."""
     if not measurable(weights):
         return {}, {}
+    product = product or torch.nn.functional.linear
     chosen, total = [], 0
     for w in weights:  # the first PASS_BYTES of them: a layer's every shape comes first
         row_bytes = int(w.shape[1]) * w.element_size()
@@ -91,7 +98,7 @@ def measure(weights: Sequence[torch.Tensor], *, rounds: int = ROUNDS,
 
     def one_pass(m: int) -> None:
         for w in chosen:
-            torch.nn.functional.linear(inputs[m][int(w.shape[1])], w)
+            product(inputs[m][int(w.shape[1])], w, None)
 
     return table(one_pass, rounds=rounds, max_rows=max_rows)
 

@@ -63,6 +63,9 @@ class ServerConfig:
     # timed after pauses at start-up on a CPU (drift.server.decode_threads); 0 = torch's own
     # (OMP_NUM_THREADS where set); N = N
     decode_threads: int | None = None
+    # float32 products of a few rows (decode steps, short prompts) on DRIFT's C kernel, built at
+    # start-up with the machine's C compiler (drift.models.row_kernel); off: torch's BLAS
+    row_kernel: bool = True
     # LoRA adapters served beside the base blocks: (name, peft adapter directory or Hub id)
     adapters: tuple[tuple[str, str], ...] = ()
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from drift.models.row_kernel import product_of
 from drift.models.rows import measure
 from drift.models.threads import threads
 
@@ -30,11 +31,13 @@ def attach_row_pads(backend: Any) -> dict[str, Any]:
     why = _refusal(unit, span)
     if why is not None:
         return {"row_pads": {}, "row_pads_reason": why}
-    weights = [m.weight for m in span.layers.modules() if type(m) is torch.nn.Linear]
+    linears = [m for m in span.layers.modules() if type(m) is torch.nn.Linear]
+    weights = [m.weight for m in linears]
+    product = product_of(linears[0]) if linears else torch.nn.functional.linear
 
     def run() -> tuple[dict[int, int], dict[int, float]]:
         with threads(backend.decode_threads):
-            return measure(weights)
+            return measure(weights, product=product)  # as the span computes them
 
     pads, medians = backend.executor.submit(run).result()
     unit.decoder.row_pads = pads

@@ -22,10 +22,12 @@ from collections.abc import Awaitable, Callable
 
 from drift.models.checkpoint import Checkpoint, open_checkpoint
 from drift.models.span import ModelSpan
+from drift.openmp import worker_release
 from drift.server.adapters import load_adapters
 from drift.server.backend import SpanBackend
 from drift.server.compiled import attach_decode
 from drift.server.config import ServerConfig
+from drift.server.products import attach_row_kernel
 from drift.server.runtime import SpanRuntime
 from drift.server.sessions import SessionManager
 
@@ -97,7 +99,8 @@ async def _load_backend(old: SpanBackend, config: ServerConfig, ckpt: Checkpoint
     # decode steps' threads and row pads as measured at start-up (the old span computes beside
     # a new measurement: it would time both)
     backend.decode_threads = old.decode_threads
-    backend.decode_status |= {k: v for k, v in old.decode_status.items() if k.startswith("threads")}
+    backend.decode_status |= {k: v for k, v in old.decode_status.items()
+                              if k.startswith("threads") or k == "products"}  # fmt: skip
     if backend.decode is not None:  # from what /blocks showed: a move may unload the old first
         backend.decode_status |= {k: v for k, v in old.decode_status.items() if k.startswith("row")}
         shown = old.decode_status.get("row_pads", {})
@@ -133,6 +136,8 @@ def _load(config: ServerConfig, old: SpanBackend, ckpt: Checkpoint | None, start
     new = ModelSpan.load(ckpt, start_block, end_block, dtype=span.dtype, device=span.device,
                          quant=span.quant)  # fmt: skip
     load_adapters(new, config.adapters)
+    attach_row_kernel(new, config)  # as the old span's (decode.products, copied below)
+    worker_release()()  # this executor thread's OpenMP pool would throttle the compute pool's
     return new
 
 

@@ -47,7 +47,7 @@ class GatedSlices:
         self.holding = threading.Event()
         self.go = threading.Event()
 
-    def __call__(self, x, weight, bias, pads):  # noqa: ANN001, ANN204 -- linear's signature
+    def __call__(self, x, weight, bias, pads, product=None):  # noqa: ANN001, ANN204 -- linear's
         if len(self.calls) == self.hold_at:
             self.holding.set()
             self.go.wait(30)
@@ -55,7 +55,7 @@ class GatedSlices:
             self.fail_at = None
             raise RuntimeError("the product failed")
         self.calls.append(int(x.shape[0]))
-        return linear(x, weight, bias, pads)
+        return linear(x, weight, bias, pads, product)
 
 
 def wait_for(done: Callable[[], bool]) -> None:

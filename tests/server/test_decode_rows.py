@@ -20,6 +20,7 @@ async def test_a_real_size_span_measures_its_row_pads(smollm2_cache) -> None:
     try:
         decode = running.server.describe().to_wire()["decode"]
         assert decode["mode"] == "lean" and decode["row_pads_reason"] == "measured", decode
+        assert decode["products"].startswith("DRIFT's row kernel"), decode  # measured on it
         medians = {int(m): ms for m, ms in decode["rows_ms"].items()}
         assert sorted(medians) == list(range(1, rows.MAX_ROWS + 1))
         pads = {int(m): to for m, to in decode["row_pads"].items()}
