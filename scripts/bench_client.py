@@ -9,10 +9,12 @@ relays), each server's step time and the forward (compute) within it (from its /
 the rest of a step is its queueing, validation and push) and what is left (generate() and
 client glue). generate() is called as users call it (no `min_new_tokens`).
 
-Products: the servers and the client compute few-row float32 products on DRIFT's C kernel
-(drift.models.row_kernel) by default, local transformers on torch's BLAS. `--row_kernel off`
-runs the swarm on torch's BLAS too; `--local_kernel` also times local transformers with the
-kernel installed in its linears (`local+kernel`): the swarm against the same products.
+Products: the servers' decode steps and the client's head in generate() compute few-row
+float32 products on DRIFT's C kernel (drift.models.row_kernel) by default (the servers'
+prompts stay on torch's BLAS), local transformers on torch's BLAS. `--row_kernel off` runs the
+swarm on torch's BLAS too; `--local_kernel` also times local transformers with the kernel in
+its linears, active in generate() (`local+kernel`; its 5-token prompt runs on the kernel too):
+the swarm against the same products.
 
 Threads: by default none are set anywhere (`--threads default`: local transformers, the
 client and every `drift server` use torch's own default, as users run them), unless this
@@ -49,7 +51,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 from drift.client import AutoDistributedModelForCausalLM, ClientConfig  # noqa: E402
 from drift.client.transport import SpanSocket  # noqa: E402
 from drift.models.checkpoint import open_checkpoint  # noqa: E402
-from drift.models.row_kernel import RowKernel  # noqa: E402
+from drift.models.row_kernel import RowKernel, activated  # noqa: E402
 from drift.paths import resolve_cache_dir  # noqa: E402
 
 PROMPT = torch.tensor([[1, 504, 2365, 3290, 253]])
@@ -323,6 +325,7 @@ def main() -> None:
     directory = open_checkpoint(args.model).path
     local = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
     locals_ = {"local": local}
+    kernel = None
     if args.local_kernel:
         kernel, why = RowKernel.build(resolve_cache_dir(None))
         if kernel is None:
@@ -364,22 +367,25 @@ def main() -> None:
                 wait_covered(model, n)
                 instrument_head(model)
                 model.generate(PROMPT, max_new_tokens=4, do_sample=False)  # warm up
-            for lm in locals_.values():
-                lm.generate(PROMPT, max_new_tokens=4, do_sample=False)
+            with activated(kernel):
+                for lm in locals_.values():
+                    lm.generate(PROMPT, max_new_tokens=4, do_sample=False)
             for rep in range(args.reps):
                 for _ in range(FIRSTS_PER_REP):  # a prompt's pass swings more than a token's
                     firsts["local"].append(first_token(local, first_rows[0]))
                     if args.local_kernel:
-                        firsts["local+kernel"].append(
-                            first_token(locals_["local+kernel"], defaultdict(list))
-                        )
+                        with activated(kernel):  # as generate() in the SDK
+                            firsts["local+kernel"].append(
+                                first_token(locals_["local+kernel"], defaultdict(list))
+                            )
                     for p, (procs, model) in swarms.items():
                         firsts[f"{p} servers"].append(first_token(model, first_rows[p], procs))
                 rates["local"].append(1 / run_local(local, args.new, rows[0]))
                 if args.local_kernel:
-                    rates["local+kernel"].append(
-                        1 / run_local(locals_["local+kernel"], args.new, kernel_rows)
-                    )
+                    with activated(kernel):
+                        rates["local+kernel"].append(
+                            1 / run_local(locals_["local+kernel"], args.new, kernel_rows)
+                        )
                 for p, (procs, model) in swarms.items():
                     rates[f"{p} servers"].append(1 / run_swarm(model, procs, args.new, rows[p]))
                 print(f"rep {rep + 1}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in rates.items()),

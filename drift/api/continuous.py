@@ -31,6 +31,7 @@ from transformers import LogitsProcessorList
 
 from drift.api.engine import BatchRow, CausalLMEngine, OpenedSessions
 from drift.api.sampling import LogprobRecorder
+from drift.models.row_kernel import activated, kernel_in
 from drift.models.threads import threads
 
 GATHER_S = 0.005  # an idle loop waits this long after each request for another to come
@@ -120,7 +121,8 @@ class ContinuousBatcher:
     def _loop(self) -> None:
         # the head and sampling on the torch threads the SDK chose for generate() (drift.client.
         # head_threads): the same burst after a wait for the servers, every step
-        with threads(getattr(self.engine.model, "generate_threads", None)):
+        model = self.engine.model
+        with threads(getattr(model, "generate_threads", None)), activated(kernel_in(model.head)):
             self._run()
 
     def _run(self) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from drift.models.row_kernel import product_of
+from drift.models.row_kernel import activated, kernel_in, product_of
 from drift.models.rows import measure
 from drift.models.threads import choose, threads
 
@@ -40,8 +40,10 @@ def generate_threads(head: Any, client: Any, setting: int | None) -> tuple[int |
         return None, {}
     hidden = torch.zeros(1, 1, weight.shape[1], dtype=weight.dtype)
 
+    kernel = kernel_in(head)
+
     def step() -> None:
-        with torch.no_grad():
+        with torch.no_grad(), activated(kernel):  # as in generate()
             head.project(hidden).argmax(-1)
 
     def pause(seconds: float) -> None:  # woken by the loop thread, as by a step's reply
@@ -58,7 +60,7 @@ def head_row_pads(head: Any, n: int | None) -> None:
     the head's products of 2-8 rows (a batch, drift api's rows, calls sharing a pass)."""
     if type(head.lm_head) is not torch.nn.Linear:
         return
-    with threads(n):
+    with threads(n), activated(kernel_in(head)):  # as in generate()
         pads, medians = measure([head.lm_head.weight], product=product_of(head.lm_head))
     head.row_pads = pads
     if medians:

@@ -39,6 +39,7 @@ from drift.client.remote import RemoteClient
 from drift.client.sequential import RemoteSequential
 from drift.client.session import InferenceSession
 from drift.client.shared_head import SharedHead
+from drift.models.row_kernel import activated, kernel_in
 from drift.models.threads import threads
 
 if TYPE_CHECKING:
@@ -365,7 +366,7 @@ class DistributedModelForCausalLM(DistributedPreTrainedModel, GenerationMixin):
             kwargs["cache"] = active
         outer, self._calls.owned = self._calls.owned, []
         try:
-            with threads(self.generate_threads):  # drift.client.head_threads
+            with threads(self.generate_threads), activated(kernel_in(self.head)):  # row kernel
                 out = super().generate(inputs, *args, **kwargs)
         finally:
             owned, self._calls.owned = self._calls.owned, outer

@@ -15,13 +15,18 @@ the compiler and the CPU, so a cache shared by machines never hands one another'
 or does not agree with torch on a check product: products then stay torch's.
 
 `install` has a module tree's plain float32 `nn.Linear` modules compute through the kernel
-where it `takes` the product (a few rows, CPU, contiguous weight, no gradient, not inside
-torch.compile); any other call goes to F.linear as before. The kernel sums in another order
-than MKL: results agree within float rounding (1e-6 relative), as any batch's do.
+inside `active()` on the calling thread (a server's decode steps, the SDK's generate()) where
+it `takes` the product (a few rows, CPU, contiguous weight, no gradient, not inside
+torch.compile); any other call goes to F.linear as before. Prompts, /forward and /backward
+stay on torch's BLAS: their products have many rows, and their logits are what users compare
+with transformers. The kernel sums in another order than MKL (closer to float64's sums than
+MKL's on SmolLM2), so a decode step's logits agree with transformers' within float rounding,
+as a batched step's always did; greedy tokens are the same.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import logging
@@ -31,8 +36,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import types
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -52,6 +57,7 @@ class RowKernel:
 
     def __init__(self, library: ctypes.CDLL, path: Path) -> None:
         self.path = path
+        self._on = threading.local()  # depth of `active()` on each thread
         self._rows = library.drift_rows
         self._rows.restype = None
         self._rows.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
@@ -85,6 +91,24 @@ class RowKernel:
             return None, (f"the C kernel's check product differed from torch's by {error:.2e}: "
                           "torch's BLAS runs the products")  # fmt: skip
         return kernel, f"DRIFT's row kernel ({kernel.lanes} floats a vector, {version})"
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """Inside, the calling thread's products through installed modules (and `product`)
+        run on the kernel where it takes them."""
+        depth = getattr(self._on, "depth", 0)
+        self._on.depth = depth + 1
+        try:
+            yield
+        finally:
+            self._on.depth = depth
+
+    def product(self, x: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        """`linear` inside `active()` on this thread, else F.linear."""
+        if getattr(self._on, "depth", 0):
+            return self.linear(x, weight, bias)
+        return torch.nn.functional.linear(x, weight, bias)
 
     def takes(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
         """Whether the kernel computes F.linear(x, weight, bias): float32 on the CPU, 1 to
@@ -139,28 +163,66 @@ class RowKernel:
 
     def install(self, root: torch.nn.Module) -> int:
         """Have `root`'s plain float32 CPU `nn.Linear` modules (not subclasses: quantized
-        ones are) compute through `linear`; their type, parameters and hooks stay. Returns
+        ones are) compute through `product`; their type, parameters and hooks stay. Returns
         how many."""
         count = 0
         for module in root.modules():
             weight = getattr(module, "weight", None)
             if (type(module) is torch.nn.Linear and weight is not None
                     and weight.dtype == torch.float32 and weight.device.type == "cpu"):  # fmt: skip
-                module.row_kernel = self
-                module.forward = types.MethodType(_forward, module)
+                module.forward = _Forward(self, module)
                 count += 1
         return count
 
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        """Pickled (a whole model saved) as its library's path: loaded again there, or
+        torch's BLAS where that path holds no build."""
+        return _reload, (str(self.path),)
 
-def _forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """nn.Linear.forward through the module's row kernel (RowKernel.install)."""
-    return module.row_kernel.linear(x, module.weight, module.bias)
+    def __deepcopy__(self, memo: dict[int, object]) -> RowKernel:
+        return self  # nothing in it changes: a copied model shares it
+
+
+class _Forward:
+    """nn.Linear.forward through a row kernel (RowKernel.install)."""
+
+    def __init__(self, kernel: RowKernel | None, module: torch.nn.Linear) -> None:
+        self.kernel, self.module = kernel, module
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        module = self.module
+        if self.kernel is None:
+            return torch.nn.functional.linear(x, module.weight, module.bias)
+        return self.kernel.product(x, module.weight, module.bias)
+
+
+def _reload(path: str) -> RowKernel | None:
+    try:
+        return RowKernel(ctypes.CDLL(path), Path(path))
+    except OSError:
+        return None
+
+
+def kernel_in(root: torch.nn.Module) -> RowKernel | None:
+    """The kernel `install` put in some module of `root`, if any."""
+    for module in root.modules():
+        forward = module.__dict__.get("forward")
+        if isinstance(forward, _Forward) and forward.kernel is not None:
+            return forward.kernel
+    return None
+
+
+def activated(kernel: RowKernel | None) -> contextlib.AbstractContextManager[None]:
+    """`kernel.active()`, or nothing where there is no kernel."""
+    return kernel.active() if kernel is not None else contextlib.nullcontext()
 
 
 def product_of(module: torch.nn.Module) -> Product:
-    """How `module`'s products are computed: the kernel `install` gave it, else F.linear."""
-    kernel = getattr(module, "row_kernel", None)
-    return kernel.linear if isinstance(kernel, RowKernel) else torch.nn.functional.linear
+    """How `module`'s products are computed: its kernel's `product`, else F.linear."""
+    forward = module.__dict__.get("forward")
+    if isinstance(forward, _Forward) and forward.kernel is not None:
+        return forward.kernel.product
+    return torch.nn.functional.linear
 
 
 def _built(compiler: str, version: str, directory: Path) -> Path:

@@ -19,6 +19,7 @@ import torch
 
 from drift.models.batch import BatchStep, StepOut, run_steps
 from drift.models.memory import trim_heap
+from drift.models.row_kernel import activated, kernel_in
 from drift.models.threads import threads
 from drift.server.chunks import (
     MIN_CHUNK_TOKENS,
@@ -70,6 +71,9 @@ class SpanBackend:
         # torch threads plain decode steps run on (drift.server.decode_threads), set at
         # start-up; None: torch's own, as prompts
         self.decode_threads: int | None = None
+        # DRIFT's row kernel, installed in the span's linears (drift.server.products): plain
+        # decode steps compute on it (`activated`), prompts and /forward on torch's BLAS
+        self.row_kernel = kernel_in(span.layers)
         # One worker per device: torch work never blocks the event loop, and runs in order.
         self.executor = ComputeThread()
         self.unloaded: str | None = None  # why compute is refused: the weights were freed
@@ -163,7 +167,8 @@ class SpanBackend:
         decode steps (one token each) on `decode_threads`."""
         decoding = all(int(s.hidden.shape[1]) == 1 for s in steps)
         try:
-            with threads(self.decode_threads if decoding else None):
+            with threads(self.decode_threads if decoding else None), \
+                    activated(self.row_kernel if decoding else None):  # fmt: skip
                 return self.compute_steps(steps)
         finally:
             self._release_freed(steps)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from drift.models.row_kernel import product_of
+from drift.models.row_kernel import activated, product_of
 from drift.models.rows import measure
 from drift.models.threads import threads
 
@@ -36,8 +36,8 @@ def attach_row_pads(backend: Any) -> dict[str, Any]:
     product = product_of(linears[0]) if linears else torch.nn.functional.linear
 
     def run() -> tuple[dict[int, int], dict[int, float]]:
-        with threads(backend.decode_threads):
-            return measure(weights, product=product)  # as the span computes them
+        with threads(backend.decode_threads), activated(backend.row_kernel):
+            return measure(weights, product=product)  # as decode steps compute them
 
     pads, medians = backend.executor.submit(run).result()
     unit.decoder.row_pads = pads

@@ -1,20 +1,24 @@
 """DRIFT's few-row product kernel (drift.models.row_kernel), built here with the machine's C
 compiler: products equal F.linear's within float rounding at every shape (tails of the vector
 width, bias, up to MAX_ROWS rows, one thread or two), what it does not take goes to F.linear
-unchanged (gradients, bfloat16, a transposed weight, more rows), a model's logits with it
-installed match transformers', one build per source/compiler/CPU, one OpenMP runtime, and a
-clear reason where it cannot be built."""
+unchanged (gradients, bfloat16, a transposed weight, more rows), installed modules use it only
+inside `activated` on that thread (their logits then match transformers'), copy and pickle,
+one build per source/compiler/CPU, one OpenMP runtime, and a clear reason where it cannot be
+built."""
 
 from __future__ import annotations
 
+import copy
+import pickle
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 
 from drift.models import row_kernel
-from drift.models.row_kernel import MAX_ROWS, RowKernel, product_of
+from drift.models.row_kernel import MAX_ROWS, RowKernel, activated, kernel_in, product_of
 from tests.tiny_models import build_tiny
 
 
@@ -94,7 +98,9 @@ def test_gradients_go_through_torch(kernel) -> None:
 
 
 def test_an_installed_model_matches_transformers(kernel) -> None:
-    """A tiny Llama's logits and greedy tokens with the kernel in its linears and without."""
+    """A tiny Llama with the kernel in its linears: outside `active()` its products are
+    torch's, bit for bit; inside, its logits agree within float rounding and its greedy tokens
+    are the same."""
     model = build_tiny("llama").float().eval()
     ids = torch.tensor([[1, 5, 9, 2, 7]])
     with torch.no_grad():
@@ -102,13 +108,49 @@ def test_an_installed_model_matches_transformers(kernel) -> None:
         want_tokens = model.generate(ids, max_new_tokens=8, do_sample=False)
     plain = sum(type(m) is torch.nn.Linear for m in model.modules())
     assert kernel.install(model) == plain > 0
-    assert all(product_of(m) == kernel.linear
+    assert kernel_in(model) is kernel
+    assert all(product_of(m) == kernel.product
                for m in model.modules() if type(m) is torch.nn.Linear)  # fmt: skip
     with torch.no_grad():
-        got = model(ids).logits
-        got_tokens = model.generate(ids, max_new_tokens=8, do_sample=False)
+        assert torch.equal(model(ids).logits, want)  # not active: torch's BLAS
+        with activated(kernel):
+            got = model(ids).logits
+            got_tokens = model.generate(ids, max_new_tokens=8, do_sample=False)
+    assert not torch.equal(got, want)  # the kernel did compute them (another summation order)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert torch.equal(got_tokens, want_tokens)
+
+
+def test_active_is_per_thread(kernel) -> None:
+    gen = torch.Generator().manual_seed(4)
+    w = torch.randn(300, 576, generator=gen)
+    x = torch.randn(1, 576, generator=gen)
+    plain = torch.nn.functional.linear(x, w)
+    seen: list[torch.Tensor] = []
+    with activated(kernel):
+        mine = kernel.product(x, w)
+        other = threading.Thread(target=lambda: seen.append(kernel.product(x, w)))
+        other.start()
+        other.join()
+    assert torch.equal(seen[0], plain) and not torch.equal(mine, plain)
+    assert torch.equal(kernel.product(x, w), plain)  # left: torch's again
+    assert activated(None) is not None  # no kernel: a context that does nothing
+
+
+def test_installed_modules_copy_and_pickle(kernel) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(576, 300), torch.nn.ReLU())
+    kernel.install(model)
+    x = torch.randn(2, 576)
+    with torch.no_grad(), activated(kernel):
+        want = model(x)
+        copied = copy.deepcopy(model)
+        assert kernel_in(copied) is kernel and torch.equal(copied(x), want)
+        loaded = pickle.loads(pickle.dumps(model))  # the library loaded again from its path
+        again = kernel_in(loaded)
+        assert again is not None and again.path == kernel.path
+        with activated(again):
+            assert torch.equal(loaded(x), want)
+    assert torch.equal(loaded[0].weight, model[0].weight)
 
 
 def test_install_leaves_other_linears(kernel) -> None:
@@ -118,9 +160,10 @@ def test_install_leaves_other_linears(kernel) -> None:
     root = torch.nn.Sequential(torch.nn.Linear(4, 4), Quantized(4, 4),
                                torch.nn.Linear(4, 4).bfloat16())  # fmt: skip
     assert kernel.install(root) == 1
-    assert product_of(root[0]) == kernel.linear
+    assert product_of(root[0]) == kernel.product
     assert product_of(root[1]) is torch.nn.functional.linear
     assert product_of(root[2]) is torch.nn.functional.linear
+    assert kernel_in(torch.nn.Linear(4, 4)) is None
 
 
 def test_one_build_per_cpu_and_one_openmp_runtime(kernel, tmp_path, monkeypatch) -> None:
