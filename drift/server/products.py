@@ -24,6 +24,8 @@ def attach_row_kernel(span: ModelSpan, config: ServerConfig) -> str:
         return "torch's BLAS (--row_kernel off)"
     if span.device.type != "cpu" or span.dtype != torch.float32:
         return "torch's (not float32 on the CPU)"
+    if config.compile == "on":  # inductor compiles the decode steps' products instead
+        return "torch's (--compile on: decode steps are compiled)"
     kernel, why = RowKernel.build(resolve_cache_dir(config.cache_dir))
     if kernel is None:
         log.warning("%s", why)
