@@ -15,13 +15,14 @@ the compiler and the CPU, so a cache shared by machines never hands one another'
 or does not agree with torch on a check product: products then stay torch's.
 
 `install` has a module tree's plain float32 `nn.Linear` modules compute through the kernel
-inside `active()` on the calling thread (a server's decode steps, the SDK's generate()) where
-it `takes` the product (a few rows, CPU, contiguous weight, no gradient, not inside
-torch.compile); any other call goes to F.linear as before. Prompts, /forward and /backward
-stay on torch's BLAS: their products have many rows, and their logits are what users compare
-with transformers. The kernel sums in another order than MKL (closer to float64's sums than
-MKL's on SmolLM2), so a decode step's logits agree with transformers' within float rounding,
-as a batched step's always did; greedy tokens are the same.
+inside `active()` on the calling thread (a server's session steps, the SDK's generate()) where
+it `takes` the product (1 to MAX_ROWS rows: decode steps and prompts of a few tokens; CPU,
+contiguous weight, no gradient, not inside torch.compile); any other call goes to F.linear as
+before. /forward and /backward stay on torch's BLAS: they score and train whole sequences,
+and their logits are what users compare with transformers. The kernel sums in another order
+than MKL (closer to float64's sums than MKL's on SmolLM2), so a session step's logits agree
+with transformers' within float rounding, as a batched step's always did; greedy tokens are
+the same.
 """
 
 from __future__ import annotations

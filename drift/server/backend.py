@@ -71,8 +71,9 @@ class SpanBackend:
         # torch threads plain decode steps run on (drift.server.decode_threads), set at
         # start-up; None: torch's own, as prompts
         self.decode_threads: int | None = None
-        # DRIFT's row kernel, installed in the span's linears (drift.server.products): plain
-        # decode steps compute on it (`activated`), prompts and /forward on torch's BLAS
+        # DRIFT's row kernel, installed in the span's linears (drift.server.products): session
+        # steps compute on it (`activated`: decode steps, prompts of a few tokens), /forward
+        # and /backward on torch's BLAS
         self.row_kernel = kernel_in(span.layers)
         # One worker per device: torch work never blocks the event loop, and runs in order.
         self.executor = ComputeThread()
@@ -163,12 +164,12 @@ class SpanBackend:
         return await self.run(fn)
 
     def run_steps(self, steps: list[BatchStep]) -> list[StepOut]:
-        """Batched steps of sessions (drift.server.batcher), on the compute thread; plain
-        decode steps (one token each) on `decode_threads`."""
+        """Batched steps of sessions (drift.server.batcher), on the compute thread, with the
+        row kernel active; plain decode steps (one token each) on `decode_threads`."""
         decoding = all(int(s.hidden.shape[1]) == 1 for s in steps)
         try:
             with threads(self.decode_threads if decoding else None), \
-                    activated(self.row_kernel if decoding else None):  # fmt: skip
+                    activated(self.row_kernel):  # fmt: skip
                 return self.compute_steps(steps)
         finally:
             self._release_freed(steps)
