@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from drift.models.batch import BatchStep, run_steps  # noqa: E402
 from drift.models.checkpoint import open_checkpoint  # noqa: E402
-from drift.models.row_kernel import RowKernel  # noqa: E402
+from drift.models.row_kernel import RowKernel, activated  # noqa: E402
 from drift.models.rows import Product  # noqa: E402
 from drift.models.span import ModelSpan  # noqa: E402
 from drift.models.static_step import LeanDecoder  # noqa: E402
@@ -150,7 +150,13 @@ def main() -> None:
     if kernel is not None:
         kernelled = ModelSpan.load(open_checkpoint(args.model), start, end, dtype=dtype)
         if kernel.install(kernelled.layers):
-            variants["lean+kernel"] = (kernelled, LeanDecoder(kernelled).run)
+            lean = LeanDecoder(kernelled)
+
+            def on_kernel(steps: list[BatchStep]) -> list[torch.Tensor]:
+                with activated(kernel):  # as a server's session steps run
+                    return lean.run(steps)
+
+            variants["lean+kernel"] = (kernelled, on_kernel)
     if args.compile:
         compiled = DecodeUnit(relaid, compiled=True)
         status = compiled.warm_up()
