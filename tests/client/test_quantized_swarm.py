@@ -53,13 +53,19 @@ async def test_nf4_bfloat16_swarm_equals_local_quantized(smollm2_dir, swarms, sd
                                torch_dtype="bfloat16")  # fmt: skip
     model = await sdk_models.open(smollm2_dir, swarm.token, dtype=torch.bfloat16)
     ids = torch.randint(0, 40000, (1, 12), generator=torch.Generator().manual_seed(0))
-    local = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.bfloat16).eval()
-    layers = local.model.layers
-    for i, layer in enumerate(layers):
-        layers[i] = quantize_layer(layer, "nf4", torch.bfloat16, torch.device("cpu"))
-    with torch.inference_mode():
-        want = local.generate(ids, max_new_tokens=16, do_sample=False)
-        want_logits = local(ids).logits.float()
+
+    def reference() -> tuple[torch.Tensor, torch.Tensor]:
+        local = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.bfloat16).eval()
+        layers = local.model.layers
+        for i, layer in enumerate(layers):
+            layers[i] = quantize_layer(layer, "nf4", torch.bfloat16, torch.device("cpu"))
+        with torch.inference_mode():
+            tokens = local.generate(ids, max_new_tokens=16, do_sample=False)
+            return tokens, local(ids).logits.float()
+
+    # ~10 s of quantizing and decoding: off the event loop, where the servers gossip (their
+    # records expire after 5 s without it)
+    want, want_logits = await asyncio.to_thread(reference)
     got = await asyncio.to_thread(model.generate, ids, max_new_tokens=16, do_sample=False)
 
     def logits() -> torch.Tensor:

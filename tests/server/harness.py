@@ -7,6 +7,7 @@ optional swarm key and seeds), as `drift server` does. Reused by the client SDK 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import re
 from dataclasses import dataclass
@@ -52,7 +53,7 @@ async def start_block_server(
         throughput=100.0, decode_threads=0,
     )  # fmt: skip
     config = dataclasses.replace(config, **overrides)
-    server = load_server(config)
+    server = await asyncio.to_thread(load_server, config)  # the loop's servers keep gossiping
     node = MembershipNode(
         Identity.generate(),
         NodeConfig(
