@@ -1,7 +1,8 @@
 """Aggregate decode tokens/s of N concurrent, independent SDK sessions through 2 servers.
 
-SmolLM2 (real weights) served by 2 `drift server` processes on 127.0.0.1 (one compute thread
-each, OMP_NUM_THREADS=1). Session i is its own client (`from_pretrained`, its own swarm
+SmolLM2 (real weights) served by 2 `drift server` processes on 127.0.0.1, every process on
+its default threads as users run them (`--threads 1`: servers at OMP_NUM_THREADS=1 and the
+client on one torch thread, the setting of earlier measurements). Session i is its own client (`from_pretrained`, its own swarm
 view and sockets) decoding greedily from its own prompt, in its own thread; N of them start
 together and the wall time until the last one ends gives the aggregate tokens/s, printed
 against 1 session in the same run. Each session's tokens are checked against its solo run.
@@ -13,8 +14,8 @@ With --one_model every session is a thread of one model instead (concurrent gene
 of one process, as applications and `drift api --max_batch 1` make them): their LM-head
 products then share one read of the head's weights (drift.client.shared_head).
 
-    OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/bench_concurrency.py --sessions 1,2,4,8,16
-    OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/bench_concurrency.py --sessions 1,8 --one_model
+    PYTHONPATH=. python scripts/bench_concurrency.py --sessions 1,2,4,8,16
+    PYTHONPATH=. python scripts/bench_concurrency.py --sessions 1,8 --one_model
 """
 
 from __future__ import annotations
@@ -113,8 +114,12 @@ def main() -> None:
                         "of one process), not its own client")  # fmt: skip
     parser.add_argument("--batch_wait_ms", type=float, default=None,
                         help="the servers' --batch_wait_ms (default: theirs)")  # fmt: skip
+    parser.add_argument("--threads", default="default",
+                        help="'default' (every process's own choice, as users run it) or N: "
+                        "servers at OMP_NUM_THREADS=N, the client on N torch threads")  # fmt: skip
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    if args.threads != "default":
+        torch.set_num_threads(int(args.threads))
     counts = [int(c) for c in args.sessions.split(",")]
     directory = open_checkpoint(args.model).path
     models: list[Any] = []
@@ -125,7 +130,8 @@ def main() -> None:
             extra = (
                 () if args.batch_wait_ms is None else ("--batch_wait_ms", f"{args.batch_wait_ms}")
             )
-            procs = ServerProcs(str(directory), [(0, n // 2), (n // 2, n)], Path(tmp), extra)
+            procs = ServerProcs(str(directory), [(0, n // 2), (n // 2, n)], Path(tmp), extra,
+                                threads=args.threads)
             for _ in range(1 if args.one_model else max(counts)):
                 models.append(AutoDistributedModelForCausalLM.from_pretrained(
                     directory, initial_peers=procs.token))  # fmt: skip

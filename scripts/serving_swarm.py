@@ -38,7 +38,7 @@ def api_over_swarm(model: str, api_args: Sequence[str] = ()) -> Iterator[tuple[s
     ckpt = open_checkpoint(model)
     n = ckpt.config.num_hidden_layers
     with tempfile.TemporaryDirectory() as tmp:
-        procs = ServerProcs(str(ckpt.path), [(0, n // 2), (n // 2, n)], Path(tmp))
+        procs = ServerProcs(str(ckpt.path), [(0, n // 2), (n // 2, n)], Path(tmp), threads="default")
         api = None
         try:
             port = _free_port()

@@ -106,17 +106,15 @@ def install_row_kernel(head: torch.nn.Module, cache_dir: Path | None) -> None:
     """The head's float32 CPU linears (lm_head) compute a step's few rows on DRIFT's C kernel
     (drift.models.row_kernel), built into the cache directory; torch's BLAS where it cannot
     be built (logged once) or the head is not float32 on the CPU."""
-    from drift.models.row_kernel import RowKernel
+    from drift.models.row_kernel import install_built
     from drift.paths import resolve_cache_dir
 
     weight = getattr(getattr(head, "lm_head", None), "weight", None)
     if weight is None or weight.device.type != "cpu" or weight.dtype != torch.float32:
         return
-    kernel, why = RowKernel.build(resolve_cache_dir(cache_dir))
-    if kernel is None:
+    count, why = install_built(head, resolve_cache_dir(cache_dir))
+    if count is None:
         log.info("%s", why)
-        return
-    kernel.install(head)
 
 
 def load_parts(

@@ -204,6 +204,15 @@ def _reload(path: str) -> RowKernel | None:
         return None
 
 
+def install_built(root: torch.nn.Module, cache_dir: Path,
+                  environ: Mapping[str, str] = os.environ) -> tuple[int | None, str]:  # fmt: skip
+    """Build the kernel into `cache_dir` (RowKernel.build) and `install` it in `root`, as a
+    server's span and the SDK's head do: (how many modules compute on it, the build's line),
+    or (None, why no kernel was built)."""
+    kernel, why = RowKernel.build(cache_dir, environ)
+    return (None, why) if kernel is None else (kernel.install(root), why)
+
+
 def kernel_in(root: torch.nn.Module) -> RowKernel | None:
     """The kernel `install` put in some module of `root`, if any."""
     for module in root.modules():

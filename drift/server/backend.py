@@ -164,21 +164,23 @@ class SpanBackend:
         return await self.run(fn)
 
     def run_steps(self, steps: list[BatchStep]) -> list[StepOut]:
-        """Batched steps of sessions (drift.server.batcher), on the compute thread, with the
-        row kernel active; plain decode steps (one token each) on `decode_threads`."""
+        """Batched steps of sessions (drift.server.batcher), on the compute thread; plain
+        decode steps (one token each) on `decode_threads`."""
         decoding = all(int(s.hidden.shape[1]) == 1 for s in steps)
         try:
-            with threads(self.decode_threads if decoding else None), \
-                    activated(self.row_kernel):  # fmt: skip
+            with threads(self.decode_threads if decoding else None):
                 return self.compute_steps(steps)
         finally:
             self._release_freed(steps)
 
     def compute_steps(self, steps: list[BatchStep]) -> list[StepOut]:
-        """(Compute thread) The decode unit where it takes `steps`, else drift.models.batch."""
-        if self.decode is not None and self.decode.takes(steps):
-            return [(out, {}) for out in self.decode.run(steps)]
-        return run_steps(steps)
+        """(Compute thread) The decode unit where it takes `steps`, else drift.models.batch;
+        every session step with the row kernel active (its few-row products: decode steps,
+        prompts of a few tokens)."""
+        with activated(self.row_kernel):
+            if self.decode is not None and self.decode.takes(steps):
+                return [(out, {}) for out in self.decode.run(steps)]
+            return run_steps(steps)
 
     def _release_freed(self, steps: list[BatchStep]) -> None:
         """(Compute thread) Hand freed heap memory back to the OS after steps with a prompt

@@ -28,7 +28,6 @@ from typing import Any
 import torch
 
 from drift.models.batch import BatchStep
-from drift.models.row_kernel import activated
 from drift.models.session import SpanSession
 from drift.models.threads import ROUNDS, choose
 
@@ -72,8 +71,7 @@ def _measure(backend: Any, default: int) -> tuple[int, dict[int, float]]:
 
     def step() -> None:
         nonlocal position
-        with activated(backend.row_kernel):  # as SpanBackend.run_steps runs decode steps
-            backend.compute_steps([BatchStep(session, position, hidden)])
+        backend.compute_steps([BatchStep(session, position, hidden)])
         position += 1
 
     try:

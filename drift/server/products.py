@@ -8,7 +8,7 @@ import logging
 
 import torch
 
-from drift.models.row_kernel import RowKernel
+from drift.models.row_kernel import install_built
 from drift.models.span import ModelSpan
 from drift.paths import resolve_cache_dir
 from drift.server.config import ServerConfig
@@ -26,10 +26,9 @@ def attach_row_kernel(span: ModelSpan, config: ServerConfig) -> str:
         return "torch's (not float32 on the CPU)"
     if config.compile == "on":  # inductor compiles the decode steps' products instead
         return "torch's (--compile on: decode steps are compiled)"
-    kernel, why = RowKernel.build(resolve_cache_dir(config.cache_dir))
-    if kernel is None:
+    count, why = install_built(span.layers, resolve_cache_dir(config.cache_dir))
+    if count is None:
         log.warning("%s", why)
         return why
-    count = kernel.install(span.layers)
     log.info("%d linear layers compute few-row products on %s", count, why)
     return why if count else "torch's (no float32 linear layers)"

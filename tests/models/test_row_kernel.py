@@ -18,7 +18,14 @@ import pytest
 import torch
 
 from drift.models import row_kernel
-from drift.models.row_kernel import MAX_ROWS, RowKernel, activated, kernel_in, product_of
+from drift.models.row_kernel import (
+    MAX_ROWS,
+    RowKernel,
+    activated,
+    install_built,
+    kernel_in,
+    product_of,
+)
 from tests.tiny_models import build_tiny
 
 
@@ -187,3 +194,19 @@ def test_no_compiler_or_a_failing_one_says_why(tmp_path) -> None:
     kernel, why = RowKernel.build(tmp_path, environ={"CC": shutil.which("false") or "false"})
     assert kernel is None and "did not build" in why, why
     assert not list((tmp_path / "kernels").iterdir())  # nothing half-written left
+
+
+def test_install_built_builds_once_and_installs(kernel, tmp_path) -> None:
+    """What servers and the SDK's head call: the build (from the cache once there) installed
+    in every plain float32 linear of the module; no compiler: none, and why."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    count, why = install_built(model, tmp_path)
+    assert count == 2 and why.startswith("DRIFT's row kernel"), why
+    assert kernel_in(model) is not None
+    again = torch.nn.Linear(8, 4)
+    assert install_built(again, tmp_path) == (1, why)  # built already: the same library
+    assert len(list((tmp_path / "kernels").glob("*.so"))) == 1
+    bare = torch.nn.Linear(8, 4)
+    count, why = install_built(bare, tmp_path / "other", environ={"PATH": str(tmp_path)})
+    assert count is None and "no C compiler" in why
+    assert kernel_in(bare) is None
