@@ -132,8 +132,9 @@ def add_server_options(p: argparse.ArgumentParser, *, num_blocks_default: str = 
         default="auto",
         help="torch threads of decode steps (one token per session): auto = the faster of "
         "torch's own count and 1, timed after pauses at start-up on a CPU (a pipeline's "
-        "steps follow pauses, and some schedulers then run a team's threads on one core); "
-        "torch's own where OMP_NUM_THREADS is set; or a number (default: auto)",
+        "steps follow pauses, and some schedulers then run a team's threads on one core), "
+        "once for one-row steps and once for batches of 4 rows or more; torch's own where "
+        "OMP_NUM_THREADS is set; or a number (default: auto)",
     )
     p.add_argument(
         "--row_kernel",

@@ -27,6 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
+from drift.models.threads import threads
+
 Product = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 
 MAX_ROWS = 8  # row counts measured (and padded) up to this
@@ -75,11 +77,12 @@ def measurable(weights: Sequence[torch.Tensor]) -> bool:
 
 
 def measure(weights: Sequence[torch.Tensor], *, rounds: int = ROUNDS, max_rows: int = MAX_ROWS,
-            product: Product | None = None,
+            product: Product | None = None, threads_for: Callable[[int], int | None] | None = None,
             ) -> tuple[dict[int, int], dict[int, float]]:  # fmt: skip
     """(the pads table, the median seconds of one pass at each row count) for products of
     few rows by `weights` through `product` (as their layers compute them; default F.linear)
-    on the calling thread's torch threads, a pass reading their first PASS_BYTES (a weight's
+    on the calling thread's torch threads (`threads_for(rows)`: on that many for passes of
+    that many rows, None: as they are), a pass reading their first PASS_BYTES (a weight's
     first rows where it alone is bigger: Gemma 3's head is 640 MiB); no table (and nothing
     timed) where the weights are not `measurable`."""
     if not measurable(weights):
@@ -97,8 +100,9 @@ def measure(weights: Sequence[torch.Tensor], *, rounds: int = ROUNDS, max_rows: 
                   for w in chosen} for m in range(1, max_rows + 1)}  # fmt: skip
 
     def one_pass(m: int) -> None:
-        for w in chosen:
-            product(inputs[m][int(w.shape[1])], w, None)
+        with threads(None if threads_for is None else threads_for(m)):
+            for w in chosen:
+                product(inputs[m][int(w.shape[1])], w, None)
 
     return table(one_pass, rounds=rounds, max_rows=max_rows)
 

@@ -29,6 +29,7 @@ from drift.server.chunks import (
     row_groups,
 )
 from drift.server.compute_thread import ComputeThread
+from drift.server.decode_threads import BATCH_ROWS
 from drift.wire.checks import dtype_name
 from drift.wire.errors import BadRequest, Busy, ModelMismatch, PayloadTooLarge, SpanNotServed
 from drift.wire.extras import ExtraSpec
@@ -69,8 +70,10 @@ class SpanBackend:
         self.decode: Any = None
         self.decode_status: dict[str, Any] = {"mode": "eager", "reason": "--compile off"}
         # torch threads plain decode steps run on (drift.server.decode_threads), set at
-        # start-up; None: torch's own, as prompts
+        # start-up: `decode_threads` under BATCH_ROWS rows, `batch_threads` from there; None:
+        # torch's own, as prompts
         self.decode_threads: int | None = None
+        self.batch_threads: int | None = None
         # DRIFT's row kernel, installed in the span's linears (drift.server.products): session
         # steps compute on it (`activated`: decode steps, prompts of a few tokens), /forward
         # and /backward on torch's BLAS
@@ -165,13 +168,18 @@ class SpanBackend:
 
     def run_steps(self, steps: list[BatchStep]) -> list[StepOut]:
         """Batched steps of sessions (drift.server.batcher), on the compute thread; plain
-        decode steps (one token each) on `decode_threads`."""
+        decode steps (one token each) on `step_threads`."""
         decoding = all(int(s.hidden.shape[1]) == 1 for s in steps)
+        rows = sum(int(s.hidden.shape[0]) for s in steps)
         try:
-            with threads(self.decode_threads if decoding else None):
+            with threads(self.step_threads(rows) if decoding else None):
                 return self.compute_steps(steps)
         finally:
             self._release_freed(steps)
+
+    def step_threads(self, rows: int) -> int | None:
+        """Torch threads of a decode step of `rows` rows (drift.server.decode_threads)."""
+        return self.batch_threads if rows >= BATCH_ROWS else self.decode_threads
 
     def compute_steps(self, steps: list[BatchStep]) -> list[StepOut]:
         """(Compute thread) The decode unit where it takes `steps`, else drift.models.batch;

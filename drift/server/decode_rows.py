@@ -1,5 +1,6 @@
 """Row padding of a CPU server's batched decode steps: measured at start-up on the span's own
-weights (drift.models.rows), on the threads decode steps run on (drift.server.decode_threads).
+weights (drift.models.rows), on the threads decode steps of each row count run on
+(drift.server.decode_threads).
 
 Two or three sessions stepping together (two users of `drift api`, concurrent generate()
 calls) are common; MKL reads a float32 weight once per row for 2-3 rows and once for 4. The
@@ -17,7 +18,6 @@ import torch
 
 from drift.models.row_kernel import activated, product_of
 from drift.models.rows import measure
-from drift.models.threads import threads
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +36,8 @@ def attach_row_pads(backend: Any) -> dict[str, Any]:
     product = product_of(linears[0]) if linears else torch.nn.functional.linear
 
     def run() -> tuple[dict[int, int], dict[int, float]]:
-        with threads(backend.decode_threads), activated(backend.row_kernel):
-            return measure(weights, product=product)  # as decode steps compute them
+        with activated(backend.row_kernel):  # as decode steps compute them, on their threads
+            return measure(weights, product=product, threads_for=backend.step_threads)
 
     pads, medians = backend.executor.submit(run).result()
     unit.decoder.row_pads = pads

@@ -98,9 +98,9 @@ async def _load_backend(old: SpanBackend, config: ServerConfig, ckpt: Checkpoint
     await loop.run_in_executor(None, attach_decode, backend, config.compile)
     # decode steps' threads and row pads as measured at start-up (the old span computes beside
     # a new measurement: it would time both)
-    backend.decode_threads = old.decode_threads
+    backend.decode_threads, backend.batch_threads = old.decode_threads, old.batch_threads
     backend.decode_status |= {k: v for k, v in old.decode_status.items()
-                              if k.startswith("threads") or k == "products"}  # fmt: skip
+                              if "threads" in k or k in ("products", "batch_rows")}  # fmt: skip
     if backend.decode is not None:  # from what /blocks showed: a move may unload the old first
         backend.decode_status |= {k: v for k, v in old.decode_status.items() if k.startswith("row")}
         shown = old.decode_status.get("row_pads", {})

@@ -11,6 +11,7 @@ import torch
 
 from drift.models.threads import choose
 from drift.server.config import parse_decode_threads
+from drift.server.decode_threads import BATCH_ROWS
 from tests.server.harness import start_block_server
 from tests.server.wsclient import RawSession
 
@@ -70,6 +71,18 @@ async def test_decode_steps_run_on_the_chosen_threads(tiny_llama, two_threads) -
         # the same outputs as one forward of the whole sequence on torch's threads
         whole = backend.span.forward(hidden)
         assert (torch.cat(outs, dim=1) - whole).abs().max() < 1e-5
+        # decode steps of BATCH_ROWS rows or more run on the batch count, fewer on the other
+        assert decode["batch_threads"] == 1 and decode["batch_rows"] == BATCH_ROWS
+        backend.batch_threads, seen[:] = 2, []
+        rows = torch.randn(BATCH_ROWS, 3, backend.hidden_size)
+        async with aiohttp.ClientSession() as http:
+            for batch in (BATCH_ROWS - 1, BATCH_ROWS):
+                sess = await RawSession.open(http, running.url, backend.fingerprint, 0, 2,
+                                             max_length=16, batch_size=batch)  # fmt: skip
+                await sess.step(rows[:batch, :2], 0)
+                await sess.step(rows[:batch, 2:], 2)
+                await sess.close()
+        assert [n for _, n in seen] == [2, 1, 2, 2], seen  # prompts on torch's own
     finally:
         await running.stop()
 
@@ -80,7 +93,10 @@ async def test_measured_where_not_chosen(tiny_llama, two_threads) -> None:
         decode = running.server.describe().to_wire()["decode"]
         assert decode["threads_reason"] == "measured after pauses", decode
         assert set(decode["threads_ms"]) == {"2", "1"}, decode
-        assert decode["threads"] == running.server.backend.decode_threads in (1, 2)
+        assert set(decode["batch_threads_ms"]) == {"2", "1"}, decode
+        backend = running.server.backend
+        assert decode["threads"] == backend.decode_threads in (1, 2)
+        assert decode["batch_threads"] == backend.batch_threads in (1, 2)
         assert torch.get_num_threads() == 2
     finally:
         await running.stop()
@@ -88,6 +104,7 @@ async def test_measured_where_not_chosen(tiny_llama, two_threads) -> None:
     try:
         decode = kept.server.describe().to_wire()["decode"]
         assert decode["threads"] == 2 and decode["threads_reason"] == "torch's own"
-        assert "threads_ms" not in decode
+        assert decode["batch_threads"] == 2 and "threads_ms" not in decode
+        assert "batch_threads_ms" not in decode
     finally:
         await kept.stop()
