@@ -30,6 +30,7 @@ the same parts timed (the prompt's pass through the blocks or servers, the head,
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import statistics
@@ -175,6 +176,18 @@ class ServerProcs:
         for (a, b), (s0, f0), (s1, f1) in zip(self.spans, before, after, strict=True):
             rows[f"  server [{a:>2}, {b:>2}) step time (in its hop)"].append((s1 - s0) / per * 1e3)
             rows[f"    [{a:>2}, {b:>2}) of which its forward"].append((f1 - f0) / per * 1e3)
+
+    def threads(self) -> list[str]:
+        """Each server's decode threads as /blocks shows them: "one-row/batch" (or "?")."""
+        out = []
+        for url in self.urls:
+            try:
+                with urllib.request.urlopen(f"{url}/blocks", timeout=5) as resp:
+                    decode = json.load(resp).get("decode", {})
+                out.append(f"{decode.get('threads', '?')}/{decode.get('batch_threads', '?')}")
+            except (OSError, ValueError):
+                out.append("?")
+        return out
 
     def stop(self) -> None:
         for p in self.procs:

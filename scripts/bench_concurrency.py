@@ -130,12 +130,15 @@ def main() -> None:
             extra = (
                 () if args.batch_wait_ms is None else ("--batch_wait_ms", f"{args.batch_wait_ms}")
             )
-            procs = ServerProcs(str(directory), [(0, n // 2), (n // 2, n)], Path(tmp), extra,
-                                threads=args.threads)
+            procs = ServerProcs(
+                str(directory), [(0, n // 2), (n // 2, n)], Path(tmp), extra, threads=args.threads
+            )
             for _ in range(1 if args.one_model else max(counts)):
                 models.append(AutoDistributedModelForCausalLM.from_pretrained(
                     directory, initial_peers=procs.token))  # fmt: skip
                 wait_covered(models[-1], n)
+            print(f"servers' decode threads (one row/batches): {', '.join(procs.threads())}",
+                  flush=True)  # fmt: skip
             if args.one_model:  # the same model object for every thread
                 models = models * max(counts)
             solo = [generate(m, i, args.new) for i, m in enumerate(models)]  # also warms up

@@ -38,7 +38,9 @@ def api_over_swarm(model: str, api_args: Sequence[str] = ()) -> Iterator[tuple[s
     ckpt = open_checkpoint(model)
     n = ckpt.config.num_hidden_layers
     with tempfile.TemporaryDirectory() as tmp:
-        procs = ServerProcs(str(ckpt.path), [(0, n // 2), (n // 2, n)], Path(tmp), threads="default")
+        procs = ServerProcs(
+            str(ckpt.path), [(0, n // 2), (n // 2, n)], Path(tmp), threads="default"
+        )
         api = None
         try:
             port = _free_port()
@@ -54,7 +56,8 @@ def api_over_swarm(model: str, api_args: Sequence[str] = ()) -> Iterator[tuple[s
                     raise RuntimeError(f"drift api did not start:\n{log.read_text()}")
                 time.sleep(0.2)
             flags = " ".join(["(defaults)", *api_args])
-            print(f"2 servers {procs.urls}, drift api on 127.0.0.1:{port} {flags}",
+            print(f"2 servers {procs.urls} (decode threads, one row/batches: "
+                  f"{', '.join(procs.threads())}), drift api on 127.0.0.1:{port} {flags}",
                   file=sys.stderr, flush=True)  # fmt: skip
             yield f"http://127.0.0.1:{port}", KEY
         finally:
