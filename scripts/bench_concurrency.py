@@ -1,8 +1,9 @@
 """Aggregate decode tokens/s of N concurrent, independent SDK sessions through 2 servers.
 
 SmolLM2 (real weights) served by 2 `drift server` processes on 127.0.0.1, every process on
-its default threads as users run them (`--threads 1`: servers at OMP_NUM_THREADS=1 and the
-client on one torch thread, the setting of earlier measurements). Session i is its own client (`from_pretrained`, its own swarm
+its default threads as users run them (`--threads 1`, or OMP_NUM_THREADS=1 in the environment:
+servers at OMP_NUM_THREADS=1 and the client on one torch thread, the setting of earlier
+measurements). Session i is its own client (`from_pretrained`, its own swarm
 view and sockets) decoding greedily from its own prompt, in its own thread; N of them start
 together and the wall time until the last one ends gives the aggregate tokens/s, printed
 against 1 session in the same run. Each session's tokens are checked against its solo run.
@@ -114,9 +115,10 @@ def main() -> None:
                         "of one process), not its own client")  # fmt: skip
     parser.add_argument("--batch_wait_ms", type=float, default=None,
                         help="the servers' --batch_wait_ms (default: theirs)")  # fmt: skip
-    parser.add_argument("--threads", default="default",
+    parser.add_argument("--threads", default=os.environ.get("OMP_NUM_THREADS") or "default",
                         help="'default' (every process's own choice, as users run it) or N: "
-                        "servers at OMP_NUM_THREADS=N, the client on N torch threads")  # fmt: skip
+                        "servers at OMP_NUM_THREADS=N, the client on N torch threads "
+                        "(default: $OMP_NUM_THREADS where set, else 'default')")  # fmt: skip
     args = parser.parse_args()
     if args.threads != "default":
         torch.set_num_threads(int(args.threads))
